@@ -1,0 +1,53 @@
+# Oxbow — one entry point for building, the local stack, the demo and the tests.
+# Everything downloaded or built is cached under ~/.cache/oxbow (outside the clone).
+
+SHELL := /bin/bash
+OXBOW_CACHE ?= $(HOME)/.cache/oxbow
+export OXBOW_CACHE
+export CARGO_TARGET_DIR ?= $(OXBOW_CACHE)/target
+CARGO ?= cargo
+# One cargo profile for binaries, tests and benchmarks: RocksDB and librdkafka build once.
+CARGO_PROFILE := --release
+STACK := e2e/stack
+
+.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack
+
+help:
+	@echo "make demo    bring up the local stack and run the example end to end"
+	@echo "make test    lint, unit tests and the end-to-end suite against the real stack"
+	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + node agent)"
+
+prereqs:
+	@bash $(STACK)/prereqs.sh
+
+build: prereqs
+	$(CARGO) build $(CARGO_PROFILE) --workspace --bins
+
+up: build
+	@bash $(STACK)/up.sh
+
+down:
+	@bash $(STACK)/down.sh
+
+status:
+	@bash $(STACK)/status.sh
+
+# Removes the stack's data (etcd, Kafka logs, volumes, PKI); downloads and builds stay.
+clean-stack: down
+	rm -rf $(OXBOW_CACHE)/stack
+
+demo: up
+	@bash $(STACK)/smoke.sh
+
+lint: prereqs
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy $(CARGO_PROFILE) --workspace --all-targets -- -D warnings
+
+test-unit: prereqs
+	$(CARGO) test $(CARGO_PROFILE) --workspace --lib --bins
+
+test-e2e: up
+	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --tests
+
+test: lint up
+	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets

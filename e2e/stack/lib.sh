@@ -1,0 +1,99 @@
+# Shared settings for the stack scripts. Sourced, never run.
+# Everything downloaded or built lives under $OXBOW_CACHE (default ~/.cache/oxbow),
+# keyed by version, never inside the clone.
+set -euo pipefail
+
+: "${OXBOW_CACHE:=$HOME/.cache/oxbow}"
+: "${K8S_VERSION:=v1.34.4}"
+: "${ETCD_VERSION:=v3.6.16}"
+: "${KAFKA_VERSION:=4.1.2}"
+: "${HELM_VERSION:=v3.19.5}"
+STACK_DIR="$OXBOW_CACHE/stack"
+export OXBOW_CACHE K8S_VERSION ETCD_VERSION KAFKA_VERSION STACK_DIR
+
+# Go and Maven caches stay outside the clone so a fresh clone reuses them.
+export GOMODCACHE="$OXBOW_CACHE/go/mod"
+export GOCACHE="$OXBOW_CACHE/go/cache"
+export GOFLAGS="-modcacherw -buildvcs=false"
+export GOTOOLCHAIN=local
+
+STACK_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+log() { printf '[oxbow-stack] %s\n' "$*" >&2; }
+die() { printf '[oxbow-stack] ERROR: %s\n' "$*" >&2; exit 1; }
+
+need() {
+  # need CMD "what to install" — fail loudly when a tool is missing.
+  command -v "$1" >/dev/null 2>&1 || die "'$1' not found: $2"
+}
+
+# wait_for DESCRIPTION TIMEOUT_SECONDS CMD... — poll a condition, never a bare sleep.
+wait_for() {
+  local what=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      die "timed out after ${timeout}s waiting for: $what"
+    fi
+    sleep 0.5
+  done
+}
+
+# Loopback ports, away from the defaults so a developer's own Kafka or cluster is untouched.
+: "${ETCD_PORT:=12379}"
+: "${APISERVER_PORT:=16443}"
+: "${KAFKA_PORT:=19092}"
+: "${KAFKA_CONTROLLER_PORT:=19093}"
+: "${NODE_NAME:=oxbow-node}"
+KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
+K8S_BIN="$OXBOW_CACHE/k8s/$K8S_VERSION/bin"
+ETCD_BIN="$OXBOW_CACHE/etcd/$ETCD_VERSION/bin"
+KAFKA_LIBS="$OXBOW_CACHE/kafka/$KAFKA_VERSION/libs"
+: "${CARGO_TARGET_DIR:=$OXBOW_CACHE/target}"
+export CARGO_TARGET_DIR
+PKI="$STACK_DIR/pki"
+RUN="$STACK_DIR/run"
+LOGS="$STACK_DIR/logs"
+ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"
+
+pidfile() { echo "$RUN/$1.pid"; }
+
+# running NAME — the process recorded for NAME is alive.
+running() {
+  local f pid
+  f=$(pidfile "$1")
+  [[ -f "$f" ]] || return 1
+  pid=$(cat "$f")
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# start NAME CMD... — run CMD detached in its own session, logging to $LOGS/NAME.log.
+start() {
+  local name=$1; shift
+  mkdir -p "$RUN" "$LOGS"
+  log "starting $name (log: $LOGS/$name.log)"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  echo $! >"$(pidfile "$name")"
+}
+
+# stop NAME — SIGTERM the session of NAME, SIGKILL what is left after 20 s.
+stop() {
+  local name=$1 pid
+  running "$name" || { rm -f "$(pidfile "$name")"; return 0; }
+  pid=$(cat "$(pidfile "$name")")
+  log "stopping $name (pid $pid)"
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 20))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$(pidfile "$name")"
+}
+
+kubectl_admin() { "$K8S_BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+
+# kafka_java CLASS ARGS... — run a Kafka command-line tool (small heap, quick start).
+kafka_java() {
+  java -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$STACK_SRC/kafka/tools-log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" "$@"
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs (Debian, as root) or checks the system packages the build and the stack need.
+# Fails loudly, naming what is missing, when it cannot install.
+source "$(dirname "$0")/lib.sh"
+
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v openssl >/dev/null || missing+=(openssl)
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+command -v go >/dev/null || missing+=(golang-go)
+command -v setsid >/dev/null || missing+=(util-linux)
+command -v curl >/dev/null || missing+=(curl)
+[[ -e /usr/include/zlib.h ]] || missing+=(zlib1g-dev)
+# bindgen (rocksdb's sys crate) loads libclang at build time.
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+command -v clang >/dev/null || missing+=(clang)
+
+if ((${#missing[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+      || die "apt-get could not install: ${missing[*]}"
+  else
+    die "missing system packages: ${missing[*]} (install them, e.g. sudo apt-get install ${missing[*]})"
+  fi
+fi
+need cargo "install Rust with rustup (https://rustup.rs)"
+need go "install Go 1.24 or newer"
+java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || die "Java 17 or newer is required (found: $(java -version 2>&1 | head -1))"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make status`: what runs, where, and where its logs are.
+source "$(dirname "$0")/lib.sh"
+printf '%-24s %-8s %-8s %-28s %s\n' COMPONENT STATE PID ADDRESS LOG
+row() {
+  local name=$1 addr=$2 state=stopped pid=-
+  if running "$name"; then state=running; pid=$(cat "$(pidfile "$name")"); fi
+  printf '%-24s %-8s %-8s %-28s %s\n' "$name" "$state" "$pid" "$addr" "$LOGS/$name.log"
+}
+row etcd "http://127.0.0.1:$ETCD_PORT"
+row kube-apiserver "https://127.0.0.1:$APISERVER_PORT"
+row kube-controller-manager "127.0.0.1:10257"
+row kube-scheduler "127.0.0.1:10259"
+row oxbow-node "node/$NODE_NAME"
+row kafka "$KAFKA_BOOTSTRAP"
+echo
+if [[ -f "$STACK_DIR/env" ]]; then
+  echo "env file: $STACK_DIR/env (. it to get KUBECONFIG and KAFKA_BOOTSTRAP)"
+  echo "pod logs: $STACK_DIR/node/logs/"
+  if running kube-apiserver; then
+    echo; kubectl_admin get nodes,pods -A -o wide 2>/dev/null || true
+  fi
+else
+  echo "stack is not up: run 'make up'"
+fi

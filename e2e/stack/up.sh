@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# `make up`: builds what is missing (cached), then starts etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, the local node agent and a Kafka broker on
+# loopback. Idempotent: what runs and answers is left alone.
+source "$(dirname "$0")/lib.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+t0=$SECONDS
+
+bash "$here/build-k8s.sh"
+bash "$here/build-etcd.sh"
+bash "$here/fetch-kafka.sh"
+bash "$here/pki.sh"
+mkdir -p "$RUN" "$LOGS"
+
+apiserver_ready() { kubectl_admin get --raw /readyz; }
+kafka_ready() { kafka_java org.apache.kafka.tools.ClusterTool cluster-id --bootstrap-server "$KAFKA_BOOTSTRAP"; }
+
+# --- Kafka: started first because the JVM takes longest; waited for last.
+if ! running kafka; then
+  mkdir -p "$STACK_DIR/kafka"
+  props="$STACK_DIR/kafka/server.properties"
+  sed -e "s|@DATA@|$STACK_DIR/kafka/data|" -e "s|@PORT@|$KAFKA_PORT|" \
+      -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" "$here/kafka/server.properties.in" >"$props"
+  cp "$here/kafka/log4j2.properties" "$STACK_DIR/kafka/log4j2.properties"
+  if [[ ! -f "$STACK_DIR/kafka/data/meta.properties" ]]; then
+    log "formatting Kafka's KRaft storage"
+    kafka_java kafka.tools.StorageTool format --config "$props" \
+      --cluster-id "$(kafka_java kafka.tools.StorageTool random-uuid)" --ignore-formatted >>"$LOGS/kafka.log" 2>&1 \
+      || die "formatting Kafka storage failed; see $LOGS/kafka.log"
+  fi
+  start kafka java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$STACK_DIR/kafka/log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$props"
+fi
+
+# --- etcd
+if ! running etcd; then
+  start etcd "$ETCD_BIN/etcd" --name oxbow --data-dir "$STACK_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "oxbow=http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --unsafe-no-fsync --quota-backend-bytes 4294967296 --log-level warn
+fi
+
+# --- kube-apiserver
+if ! running kube-apiserver; then
+  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --authorization-mode RBAC \
+    --client-ca-file "$PKI/ca.crt" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --kubelet-client-certificate "$PKI/apiserver-client.crt" --kubelet-client-key "$PKI/apiserver-client.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --allow-privileged=true --profiling=false --v=1
+fi
+wait_for "kube-apiserver /readyz on 127.0.0.1:$APISERVER_PORT (log: $LOGS/kube-apiserver.log)" 120 apiserver_ready
+
+# --- kube-controller-manager and kube-scheduler
+if ! running kube-controller-manager; then
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10257 \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --use-service-account-credentials=true --leader-elect=false \
+    --controllers '*' --profiling=false --v=1
+fi
+if ! running kube-scheduler; then
+  start kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig "$PKI/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$PKI/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false --v=1
+fi
+
+# --- the local node agent (plays the kubelet); images map to the workspace's binaries.
+if ! running oxbow-node; then
+  node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
+  [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
+  mkdir -p "$STACK_DIR/node"
+  cat >"$STACK_DIR/node/images.yaml" <<IMAGES
+# image pattern -> local binary; '*' matches any tag. Written by e2e/stack/up.sh.
+images:
+  - image: "oxbow-worker:*"
+    binary: "$CARGO_TARGET_DIR/release/oxbow-worker"
+  - image: "oxbow-operator:*"
+    binary: "$CARGO_TARGET_DIR/release/oxbow-operator"
+  - image: "oxbow-testpod:*"
+    binary: "$CARGO_TARGET_DIR/release/oxbow-testpod"
+IMAGES
+  start oxbow-node "$node_bin" --kubeconfig "$PKI/node.kubeconfig" --node-name "$NODE_NAME" \
+    --root "$STACK_DIR/node" --images "$STACK_DIR/node/images.yaml" \
+    --api-server "https://127.0.0.1:$APISERVER_PORT" --ca-file "$PKI/ca.crt" \
+    --kubernetes-version "$K8S_VERSION"
+fi
+node_ready() {
+  [[ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+wait_for "node $NODE_NAME to register Ready (log: $LOGS/oxbow-node.log)" 60 node_ready
+sa_ready() { kubectl_admin get serviceaccount default -n default; }
+wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-controller-manager.log)" 60 sa_ready
+
+wait_for "Kafka to answer a metadata request on $KAFKA_BOOTSTRAP (log: $LOGS/kafka.log)" 120 kafka_ready
+
+cat >"$STACK_DIR/env" <<ENV
+# Written by 'make up'. Source it: . $STACK_DIR/env
+export KUBECONFIG="$ADMIN_KUBECONFIG"
+export KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
+export OXBOW_STACK_DIR="$STACK_DIR"
+export PATH="$K8S_BIN:\$PATH"
+ENV
+log "stack up in $((SECONDS - t0))s; run: . $STACK_DIR/env"
