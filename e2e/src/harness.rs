@@ -14,19 +14,25 @@ use kube::api::{Api, DeleteParams, PostParams};
 fn cache_dir() -> PathBuf {
     std::env::var_os("OXBOW_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/oxbow"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/oxbow")
+        })
 }
 
 /// A variable from the environment, or else from `make up`'s env file.
 pub fn stack_var(name: &str) -> String {
-    if let Ok(v) = std::env::var(name) {
-        if !v.is_empty() {
-            return v;
-        }
+    if let Ok(v) = std::env::var(name)
+        && !v.is_empty()
+    {
+        return v;
     }
     let env_file = cache_dir().join("stack/env");
     let text = std::fs::read_to_string(&env_file).unwrap_or_else(|_| {
-        panic!("{name} is not set and {} does not exist: run `make up` first", env_file.display())
+        panic!(
+            "{name} is not set and {} does not exist: run `make up` first",
+            env_file.display()
+        )
     });
     text.lines()
         .filter_map(|l| l.strip_prefix("export "))
@@ -42,7 +48,8 @@ pub fn kafka_bootstrap() -> String {
 
 pub async fn kube_client() -> kube::Client {
     let path = stack_var("KUBECONFIG");
-    let kc = kube::config::Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("failed to read kubeconfig {path}: {e}"));
+    let kc = kube::config::Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("failed to read kubeconfig {path}: {e}"));
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .unwrap_or_else(|e| panic!("failed to load kubeconfig {path}: {e}"));
@@ -72,8 +79,15 @@ where
 
 /// A short random suffix so concurrent or repeated runs never collide.
 pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{prefix}-{:x}{:04x}", std::process::id() & 0xfff, nanos & 0xffff)
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{:x}{:04x}",
+        std::process::id() & 0xfff,
+        nanos & 0xffff
+    )
 }
 
 /// A namespace for one test. Deleted by `delete()`; a failed test leaves it for
@@ -87,15 +101,29 @@ impl TestNamespace {
     pub async fn create(client: &kube::Client, prefix: &str) -> Self {
         let name = unique(prefix);
         let api: Api<Namespace> = Api::all(client.clone());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("namespace");
-        api.create(&PostParams::default(), &ns).await.unwrap_or_else(|e| panic!("failed to create namespace {name}: {e}"));
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+            .expect("namespace");
+        api.create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("failed to create namespace {name}: {e}"));
         // Pods need the namespace's default ServiceAccount (the controller-manager makes it).
-        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
-        wait_for("the namespace's default ServiceAccount", Duration::from_secs(30), || async {
-            sa.get_opt("default").await.map_err(|e| e.to_string())?.ok_or_else(|| "absent".to_string())
-        })
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        wait_for(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(30),
+            || async {
+                sa.get_opt("default")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| "absent".to_string())
+            },
+        )
         .await;
-        Self { name, client: client.clone() }
+        Self {
+            name,
+            client: client.clone(),
+        }
     }
 
     pub async fn delete(self) {
@@ -107,7 +135,11 @@ impl TestNamespace {
 pub fn kubectl_path() -> PathBuf {
     let version = std::env::var("K8S_VERSION").unwrap_or_else(|_| "v1.34.4".into());
     let p = cache_dir().join("k8s").join(version).join("bin/kubectl");
-    if p.exists() { p } else { PathBuf::from("kubectl") }
+    if p.exists() {
+        p
+    } else {
+        PathBuf::from("kubectl")
+    }
 }
 
 /// Runs kubectl against the stack with `stdin`; returns (success, stdout, stderr).
@@ -119,9 +151,16 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("failed to run kubectl ({}): {e}", kubectl_path().display()));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to run kubectl ({}): {e}", kubectl_path().display()));
     if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("kubectl output");

@@ -41,25 +41,55 @@ async fn bad_manifests_are_rejected_with_a_message_naming_the_field() {
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "invalid").await;
 
-    let (ok, msg) = apply(&ns.name, "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: bad}\nspec:\n  replicas: -1\n  serviceName: bad\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec: {containers: [{name: c, image: x}]}\n");
+    let (ok, msg) = apply(
+        &ns.name,
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: bad}\nspec:\n  replicas: -1\n  serviceName: bad\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec: {containers: [{name: c, image: x}]}\n",
+    );
     assert!(!ok, "negative replicas must be rejected");
-    assert!(msg.contains("spec.replicas") && msg.contains("greater than or equal to 0"), "message: {msg}");
+    assert!(
+        msg.contains("spec.replicas") && msg.contains("greater than or equal to 0"),
+        "message: {msg}"
+    );
 
-    let (ok, msg) = apply(&ns.name, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo}\ndatta: {a: b}\n");
-    assert!(!ok, "unknown fields must be rejected under strict validation");
-    assert!(msg.contains("unknown field") && msg.contains("datta"), "message: {msg}");
+    let (ok, msg) = apply(
+        &ns.name,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo}\ndatta: {a: b}\n",
+    );
+    assert!(
+        !ok,
+        "unknown fields must be rejected under strict validation"
+    );
+    assert!(
+        msg.contains("unknown field") && msg.contains("datta"),
+        "message: {msg}"
+    );
 
     let (ok, msg) = apply(&ns.name, WIDGET_CRD);
     assert!(ok, "CRD apply failed: {msg}");
-    let (ok, _, err) =
-        kubectl(&["wait", "--for=condition=Established", "--timeout=30s", "crd/widgets.e2e.oxbow.dev"], None);
+    let (ok, _, err) = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "crd/widgets.e2e.oxbow.dev",
+        ],
+        None,
+    );
     assert!(ok, "CRD not established: {err}");
 
-    let widget = |spec: &str| format!("apiVersion: e2e.oxbow.dev/v1\nkind: Widget\nmetadata: {{name: w}}\nspec: {spec}\n");
+    let widget = |spec: &str| {
+        format!("apiVersion: e2e.oxbow.dev/v1\nkind: Widget\nmetadata: {{name: w}}\nspec: {spec}\n")
+    };
     let (ok, msg) = apply(&ns.name, &widget("{size: 0}"));
-    assert!(!ok && msg.contains("spec.size") && msg.contains("greater than or equal to 1"), "OpenAPI minimum: {msg}");
+    assert!(
+        !ok && msg.contains("spec.size") && msg.contains("greater than or equal to 1"),
+        "OpenAPI minimum: {msg}"
+    );
     let (ok, msg) = apply(&ns.name, &widget("{size: 5, max: 3}"));
-    assert!(!ok && msg.contains("size must not exceed max"), "CEL rule message: {msg}");
+    assert!(
+        !ok && msg.contains("size must not exceed max"),
+        "CEL rule message: {msg}"
+    );
     let (ok, msg) = apply(&ns.name, &widget("{size: 2, max: 3}"));
     assert!(ok, "a valid widget is accepted: {msg}");
 

@@ -22,7 +22,8 @@ fn consume(topic: &str, isolation: &str, expect_at_least: usize) -> Vec<String> 
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning).expect("partition");
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("partition");
     consumer.assign(&tpl).expect("assign");
     let mut values = Vec::new();
     // Read until the stream is quiet for 2 s after at least the expected count arrived,
@@ -36,22 +37,31 @@ fn consume(topic: &str, isolation: &str, expect_at_least: usize) -> Vec<String> 
                 quiet_since = std::time::Instant::now();
             }
             Some(Err(e)) => panic!("consume failed: {e}"),
-            None if values.len() >= expect_at_least && quiet_since.elapsed() > Duration::from_secs(2) => {
+            None if values.len() >= expect_at_least
+                && quiet_since.elapsed() > Duration::from_secs(2) =>
+            {
                 return values;
             }
             None => {}
         }
     }
-    panic!("{isolation} consumer saw only {values:?} within 30s (wanted at least {expect_at_least})");
+    panic!(
+        "{isolation} consumer saw only {values:?} within 30s (wanted at least {expect_at_least})"
+    );
 }
 
 #[tokio::test]
 async fn read_committed_consumer_sees_exactly_the_committed_records() {
     let topic = unique("txn");
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", kafka_bootstrap()).create().expect("admin");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()
+        .expect("admin");
     let res = admin
-        .create_topics([&NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .create_topics(
+            [&NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
         .await
         .expect("create_topics");
     assert!(res.iter().all(|r| r.is_ok()), "{res:?}");
@@ -65,7 +75,9 @@ async fn read_committed_consumer_sees_exactly_the_committed_records() {
     producer.init_transactions(t).expect("init_transactions");
 
     let send = |v: &str| {
-        producer.send(BaseRecord::<str, str>::to(&topic).key("k").payload(v)).expect("enqueue");
+        producer
+            .send(BaseRecord::<str, str>::to(&topic).key("k").payload(v))
+            .expect("enqueue");
     };
     producer.begin_transaction().expect("begin 1");
     for v in ["committed-0", "committed-1", "committed-2"] {
@@ -77,7 +89,9 @@ async fn read_committed_consumer_sees_exactly_the_committed_records() {
     for v in ["aborted-0", "aborted-1"] {
         send(v);
     }
-    producer.flush(t).expect("flush the doomed records so they reach the log");
+    producer
+        .flush(t)
+        .expect("flush the doomed records so they reach the log");
     producer.abort_transaction(t).expect("abort 2");
 
     producer.begin_transaction().expect("begin 3");
@@ -85,13 +99,26 @@ async fn read_committed_consumer_sees_exactly_the_committed_records() {
     producer.commit_transaction(t).expect("commit 3");
 
     let committed = consume(&topic, "read_committed", 4);
-    assert_eq!(committed, vec!["committed-0", "committed-1", "committed-2", "committed-3"]);
+    assert_eq!(
+        committed,
+        vec!["committed-0", "committed-1", "committed-2", "committed-3"]
+    );
 
     // The aborted records are in the log; only the isolation level hides them.
     let uncommitted = consume(&topic, "read_uncommitted", 6);
     assert_eq!(
         uncommitted,
-        vec!["committed-0", "committed-1", "committed-2", "aborted-0", "aborted-1", "committed-3"]
+        vec![
+            "committed-0",
+            "committed-1",
+            "committed-2",
+            "aborted-0",
+            "aborted-1",
+            "committed-3"
+        ]
     );
-    admin.delete_topics(&[&topic], &AdminOptions::new()).await.expect("delete topic");
+    admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .expect("delete topic");
 }

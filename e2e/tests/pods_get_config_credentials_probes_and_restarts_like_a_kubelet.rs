@@ -36,11 +36,17 @@ spec:
 }
 
 async fn pod_status(pods: &Api<Pod>, name: &str) -> Result<Pod, String> {
-    pods.get_opt(name).await.map_err(|e| e.to_string())?.ok_or_else(|| format!("pod {name} absent"))
+    pods.get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("pod {name} absent"))
 }
 
 fn is_ready(p: &Pod) -> bool {
-    p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn restarts(p: &Pod) -> i32 {
@@ -57,7 +63,17 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "kubelet").await;
     let n = &ns.name;
-    let (ok, _, err) = kubectl(&["create", "configmap", "settings", "-n", n, "--from-literal=greeting=hello-from-configmap"], None);
+    let (ok, _, err) = kubectl(
+        &[
+            "create",
+            "configmap",
+            "settings",
+            "-n",
+            n,
+            "--from-literal=greeting=hello-from-configmap",
+        ],
+        None,
+    );
     assert!(ok, "create configmap: {err}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
     let t = Duration::from_secs(60);
@@ -72,24 +88,51 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
       exec:
         command: ["sh", "-c", "[ \"$({kubectl_bin} auth whoami -o jsonpath='{{.status.userInfo.username}}')\" = system:serviceaccount:{n}:default ] && [ \"$({kubectl_bin} auth can-i list secrets)\" = no ] && [ \"$GREETING\" = hello-from-configmap ]"]"#
     );
-    let manifest = pod_manifest("config", &identity_probe, r#"["--listen", "$(POD_IP):8080", "--data-dir", "/etc/settings"]"#);
+    let manifest = pod_manifest(
+        "config",
+        &identity_probe,
+        r#"["--listen", "$(POD_IP):8080", "--data-dir", "/etc/settings"]"#,
+    );
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply config pod: {err}");
-    let p = wait_for("pod config Ready (identity, RBAC and env checked by its probe)", t, || async {
-        let p = pod_status(&pods, "config").await?;
-        if is_ready(&p) { Ok(p) } else { Err(format!("{:?}", p.status.map(|s| s.container_statuses))) }
-    })
+    let p = wait_for(
+        "pod config Ready (identity, RBAC and env checked by its probe)",
+        t,
+        || async {
+            let p = pod_status(&pods, "config").await?;
+            if is_ready(&p) {
+                Ok(p)
+            } else {
+                Err(format!("{:?}", p.status.map(|s| s.container_statuses)))
+            }
+        },
+    )
     .await;
     let ip = p.status.and_then(|s| s.pod_ip).expect("pod IP");
-    let body = reqwest::Client::builder().no_proxy().build().expect("http")
-        .get(format!("http://{ip}:8080/files/greeting")).send().await.expect("GET greeting")
-        .text().await.expect("body");
-    assert_eq!(body, "hello-from-configmap", "ConfigMap volume file is readable at its mount path");
+    let body = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("http")
+        .get(format!("http://{ip}:8080/files/greeting"))
+        .send()
+        .await
+        .expect("GET greeting")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(
+        body, "hello-from-configmap",
+        "ConfigMap volume file is readable at its mount path"
+    );
 
     // 2. Deleting the pod stops its process and removes the object.
-    let pid: i32 = p_container_pid(&pods, "config").await.expect("container pid");
+    let pid: i32 = p_container_pid(&pods, "config")
+        .await
+        .expect("container pid");
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
-    pods.delete("config", &DeleteParams::default()).await.expect("delete");
+    pods.delete("config", &DeleteParams::default())
+        .await
+        .expect("delete");
     wait_for("pod config to be gone", t, || async {
         match pods.get_opt("config").await.map_err(|e| e.to_string())? {
             None => Ok(()),
@@ -97,17 +140,28 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
         }
     })
     .await;
-    assert!(!process_alive(pid), "process {pid} of the deleted pod must be gone");
+    assert!(
+        !process_alive(pid),
+        "process {pid} of the deleted pod must be gone"
+    );
 
     // 3. A failing liveness probe restarts the container.
     let liveness = "    livenessProbe:\n      httpGet: {path: /no-such-path, port: http}\n      periodSeconds: 1\n      failureThreshold: 2";
     let manifest = pod_manifest("unhealthy", liveness, r#"["--listen", "$(POD_IP):8080"]"#);
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply unhealthy pod: {err}");
-    wait_for("pod unhealthy restarted by its liveness probe", t, || async {
-        let p = pod_status(&pods, "unhealthy").await?;
-        if restarts(&p) >= 1 { Ok(()) } else { Err(format!("restarts: {}", restarts(&p))) }
-    })
+    wait_for(
+        "pod unhealthy restarted by its liveness probe",
+        t,
+        || async {
+            let p = pod_status(&pods, "unhealthy").await?;
+            if restarts(&p) >= 1 {
+                Ok(())
+            } else {
+                Err(format!("restarts: {}", restarts(&p)))
+            }
+        },
+    )
     .await;
 
     // 4. A container that exits with an error is restarted with back-off and reports why.
@@ -116,11 +170,22 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     assert!(ok, "apply crashing pod: {err}");
     let p = wait_for("pod crashing to restart twice", t, || async {
         let p = pod_status(&pods, "crashing").await?;
-        if restarts(&p) >= 2 { Ok(p) } else { Err(format!("restarts: {}", restarts(&p))) }
+        if restarts(&p) >= 2 {
+            Ok(p)
+        } else {
+            Err(format!("restarts: {}", restarts(&p)))
+        }
     })
     .await;
-    let cs = p.status.and_then(|s| s.container_statuses).and_then(|c| c.into_iter().next()).expect("container status");
-    let last = cs.last_state.and_then(|s| s.terminated).expect("last state terminated");
+    let cs = p
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().next())
+        .expect("container status");
+    let last = cs
+        .last_state
+        .and_then(|s| s.terminated)
+        .expect("last state terminated");
     assert_eq!(last.exit_code, 2, "the exit code of the crash is reported");
     assert!(!cs.ready);
 
@@ -129,13 +194,18 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
 
 async fn p_container_pid(pods: &Api<Pod>, name: &str) -> Option<i32> {
     let p = pods.get(name).await.ok()?;
-    let id = p.status?.container_statuses?.into_iter().next()?.container_id?;
+    let id = p
+        .status?
+        .container_statuses?
+        .into_iter()
+        .next()?
+        .container_id?;
     id.rsplit('/').next()?.parse().ok()
 }
 
 fn process_alive(pid: i32) -> bool {
     // A zombie is dead for our purposes; the agent reaps its children.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         .unwrap_or(false)
 }

@@ -8,7 +8,10 @@ use clap::Parser;
 use oxbow_e2e::node::{Agent, AgentShared, NodeSettings, images::ImageMap, now};
 
 #[derive(Parser, Debug)]
-#[command(version, about = "Plays the kubelet for one Node: runs its pods as local processes")]
+#[command(
+    version,
+    about = "Plays the kubelet for one Node: runs its pods as local processes"
+)]
 struct Args {
     /// Kubeconfig of the agent's own identity.
     #[arg(long, env = "KUBECONFIG")]
@@ -43,7 +46,10 @@ struct Args {
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
-    s.trim_end_matches('s').parse::<f64>().map(Duration::from_secs_f64).map_err(|e| e.to_string())
+    s.trim_end_matches('s')
+        .parse::<f64>()
+        .map(Duration::from_secs_f64)
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::main]
@@ -56,7 +62,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let images: ImageMap = serde_yaml::from_str(
-        &std::fs::read_to_string(&args.images).with_context(|| format!("failed to read {}", args.images.display()))?,
+        &std::fs::read_to_string(&args.images)
+            .with_context(|| format!("failed to read {}", args.images.display()))?,
     )
     .with_context(|| format!("failed to parse {}", args.images.display()))?;
     let ca_pem = std::fs::read_to_string(&args.ca_file)
@@ -71,8 +78,14 @@ async fn main() -> anyhow::Result<()> {
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .unwrap_or(443);
-    let kernel_version = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
+    let kernel_version = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let shared = AgentShared {
         client,
         node_name: args.node_name.clone(),

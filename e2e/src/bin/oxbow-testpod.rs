@@ -26,13 +26,19 @@ fn parse_args() -> Result<Args, String> {
             "--listen" => listen = Some(val()?),
             "--data-dir" => data_dir = PathBuf::from(val()?),
             "--ready-after" => {
-                ready_after = Duration::from_secs_f64(val()?.parse().map_err(|e| format!("--ready-after: {e}"))?)
+                ready_after = Duration::from_secs_f64(
+                    val()?.parse().map_err(|e| format!("--ready-after: {e}"))?,
+                )
             }
             other => return Err(format!("unknown argument {other}")),
         }
     }
     let listen = listen.ok_or("--listen ADDR:PORT is required")?;
-    Ok(Args { listen, data_dir, ready_after })
+    Ok(Args {
+        listen,
+        data_dir,
+        ready_after,
+    })
 }
 
 fn main() {
@@ -44,7 +50,10 @@ fn main() {
         }
     };
     if let Err(e) = std::fs::create_dir_all(&args.data_dir) {
-        eprintln!("oxbow-testpod: failed to create {}: {e}", args.data_dir.display());
+        eprintln!(
+            "oxbow-testpod: failed to create {}: {e}",
+            args.data_dir.display()
+        );
         std::process::exit(1);
     }
     let listener = match TcpListener::bind(&args.listen) {
@@ -54,7 +63,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    eprintln!("oxbow-testpod listening on {} with data in {}", args.listen, args.data_dir.display());
+    eprintln!(
+        "oxbow-testpod listening on {} with data in {}",
+        args.listen,
+        args.data_dir.display()
+    );
     let start = Instant::now();
     for stream in listener.incoming().flatten() {
         if let Err(e) = serve(stream, &args, start) {
@@ -76,15 +89,17 @@ fn serve(mut stream: TcpStream, args: &Args, start: Instant) -> std::io::Result<
         if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
             break;
         }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap_or(0);
         }
     }
     let mut body = vec![0; len];
     reader.read_exact(&mut body)?;
-    let file = path.strip_prefix("/files/").filter(|n| !n.is_empty() && !n.contains('/') && !n.contains(".."));
+    let file = path
+        .strip_prefix("/files/")
+        .filter(|n| !n.is_empty() && !n.contains('/') && !n.contains(".."));
     let (code, out): (u16, Vec<u8>) = match (method, path, file) {
         ("GET", "/healthz", _) => (200, b"ok".to_vec()),
         ("GET", "/readyz", _) if start.elapsed() >= args.ready_after => (200, b"ready".to_vec()),
@@ -92,7 +107,10 @@ fn serve(mut stream: TcpStream, args: &Args, start: Instant) -> std::io::Result<
         ("GET", "/whoami", _) => {
             let pod = std::env::var("HOSTNAME").unwrap_or_default();
             let ip = std::env::var("POD_IP").unwrap_or_default();
-            (200, format!("{{\"pod\":\"{pod}\",\"ip\":\"{ip}\"}}").into_bytes())
+            (
+                200,
+                format!("{{\"pod\":\"{pod}\",\"ip\":\"{ip}\"}}").into_bytes(),
+            )
         }
         ("PUT", _, Some(name)) => match std::fs::write(args.data_dir.join(name), &body) {
             Ok(()) => (201, b"written".to_vec()),
@@ -112,7 +130,11 @@ fn serve(mut stream: TcpStream, args: &Args, start: Instant) -> std::io::Result<
         503 => "Service Unavailable",
         _ => "Error",
     };
-    write!(stream, "HTTP/1.1 {code} {reason}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", out.len())?;
+    write!(
+        stream,
+        "HTTP/1.1 {code} {reason}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        out.len()
+    )?;
     stream.write_all(&out)?;
     stream.flush()
 }

@@ -12,10 +12,20 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvError {
     #[error("failed to resolve env {var}: ConfigMap {name} or its key {key} does not exist")]
-    MissingConfigMapKey { var: String, name: String, key: String },
+    MissingConfigMapKey {
+        var: String,
+        name: String,
+        key: String,
+    },
     #[error("failed to resolve env {var}: Secret {name} or its key {key} does not exist")]
-    MissingSecretKey { var: String, name: String, key: String },
-    #[error("failed to resolve env {var}: field path {path} is not supported by the local node agent")]
+    MissingSecretKey {
+        var: String,
+        name: String,
+        key: String,
+    },
+    #[error(
+        "failed to resolve env {var}: field path {path} is not supported by the local node agent"
+    )]
     UnsupportedFieldPath { var: String, path: String },
     #[error("failed to resolve envFrom: {kind} {name} does not exist")]
     MissingSource { kind: &'static str, name: String },
@@ -47,7 +57,9 @@ pub fn field_ref(pod: &Pod, src: &EnvSources, path: &str) -> Option<String> {
         "metadata.name" => meta.name.clone(),
         "metadata.namespace" => meta.namespace.clone(),
         "metadata.uid" => meta.uid.clone(),
-        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).or_else(|| Some(src.node_name.clone())),
+        "spec.nodeName" => spec
+            .and_then(|s| s.node_name.clone())
+            .or_else(|| Some(src.node_name.clone())),
         "spec.serviceAccountName" => Some(
             spec.and_then(|s| s.service_account_name.clone())
                 .unwrap_or_else(|| "default".to_string()),
@@ -67,7 +79,7 @@ pub fn resolve_env(
     src: &EnvSources,
 ) -> Result<Vec<(String, String)>, EnvError> {
     let mut out: Vec<(String, String)> = Vec::new();
-    let mut set = |out: &mut Vec<(String, String)>, k: String, v: String| {
+    let set = |out: &mut Vec<(String, String)>, k: String, v: String| {
         if let Some(slot) = out.iter_mut().find(|(name, _)| *name == k) {
             slot.1 = v;
         } else {
@@ -82,7 +94,12 @@ pub fn resolve_env(
                     .iter()
                     .for_each(|(k, v)| set(&mut out, format!("{prefix}{k}"), v.clone())),
                 None if cm.optional == Some(true) => {}
-                None => return Err(EnvError::MissingSource { kind: "ConfigMap", name: cm.name.clone() }),
+                None => {
+                    return Err(EnvError::MissingSource {
+                        kind: "ConfigMap",
+                        name: cm.name.clone(),
+                    });
+                }
             }
         }
         if let Some(sec) = &from.secret_ref {
@@ -91,14 +108,20 @@ pub fn resolve_env(
                     .iter()
                     .for_each(|(k, v)| set(&mut out, format!("{prefix}{k}"), v.clone())),
                 None if sec.optional == Some(true) => {}
-                None => return Err(EnvError::MissingSource { kind: "Secret", name: sec.name.clone() }),
+                None => {
+                    return Err(EnvError::MissingSource {
+                        kind: "Secret",
+                        name: sec.name.clone(),
+                    });
+                }
             }
         }
     }
     for var in container.env.iter().flatten() {
         if let Some(value) = resolve_var(pod, var, src)? {
             let expanded = {
-                let lookup = |name: &str| out.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+                let lookup =
+                    |name: &str| out.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
                 expand(&value, lookup)
             };
             set(&mut out, var.name.clone(), expanded);
@@ -113,7 +136,10 @@ fn resolve_var(pod: &Pod, var: &EnvVar, src: &EnvSources) -> Result<Option<Strin
     };
     if let Some(f) = &from.field_ref {
         return field_ref(pod, src, &f.field_path).map(Some).ok_or_else(|| {
-            EnvError::UnsupportedFieldPath { var: var.name.clone(), path: f.field_path.clone() }
+            EnvError::UnsupportedFieldPath {
+                var: var.name.clone(),
+                path: f.field_path.clone(),
+            }
         });
     }
     if let Some(r) = &from.config_map_key_ref {
@@ -142,7 +168,9 @@ fn resolve_var(pod: &Pod, var: &EnvVar, src: &EnvSources) -> Result<Option<Strin
         // No cgroups here: report "no limit" the way the kubelet does without one (0 = unset).
         return Ok(Some("0".to_string()));
     }
-    Err(EnvError::EmptyValueFrom { var: var.name.clone() })
+    Err(EnvError::EmptyValueFrom {
+        var: var.name.clone(),
+    })
 }
 
 /// Expands `$(NAME)` with `lookup`; `$$(NAME)` yields a literal `$(NAME)`; references that
@@ -236,9 +264,18 @@ mod tests {
 
     fn mounts() -> Vec<Mount> {
         vec![
-            Mount { container_path: "/data".into(), host_path: "/h/pv1".into() },
-            Mount { container_path: "/data/logs".into(), host_path: "/h/logs".into() },
-            Mount { container_path: "/etc/oxbow".into(), host_path: "/h/cm".into() },
+            Mount {
+                container_path: "/data".into(),
+                host_path: "/h/pv1".into(),
+            },
+            Mount {
+                container_path: "/data/logs".into(),
+                host_path: "/h/logs".into(),
+            },
+            Mount {
+                container_path: "/etc/oxbow".into(),
+                host_path: "/h/cm".into(),
+            },
         ]
     }
 
@@ -257,10 +294,16 @@ mod tests {
         let m = mounts();
         assert_eq!(rewrite_paths("/data", &m), "/h/pv1");
         assert_eq!(rewrite_paths("/data/x.txt", &m), "/h/pv1/x.txt");
-        assert_eq!(rewrite_paths("--state-dir=/data/state", &m), "--state-dir=/h/pv1/state");
+        assert_eq!(
+            rewrite_paths("--state-dir=/data/state", &m),
+            "--state-dir=/h/pv1/state"
+        );
         assert_eq!(rewrite_paths("/database", &m), "/database");
         assert_eq!(rewrite_paths("x/data", &m), "x/data");
-        assert_eq!(rewrite_paths("/etc/oxbow/config.yaml", &m), "/h/cm/config.yaml");
+        assert_eq!(
+            rewrite_paths("/etc/oxbow/config.yaml", &m),
+            "/h/cm/config.yaml"
+        );
     }
 
     #[test]
@@ -269,7 +312,11 @@ mod tests {
     }
 
     fn pod_with_env(env: Vec<EnvVar>) -> (Pod, Container) {
-        let container = Container { name: "c".into(), env: Some(env), ..Default::default() };
+        let container = Container {
+            name: "c".into(),
+            env: Some(env),
+            ..Default::default()
+        };
         let mut pod = Pod::default();
         pod.metadata.name = Some("p-0".into());
         pod.metadata.namespace = Some("ns".into());
@@ -281,16 +328,34 @@ mod tests {
         use k8s_openapi::api::core::v1::{EnvVarSource, ObjectFieldSelector};
         let field = |p: &str| {
             Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector { field_path: p.into(), ..Default::default() }),
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: p.into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             })
         };
         let (pod, c) = pod_with_env(vec![
-            EnvVar { name: "POD_NAME".into(), value_from: field("metadata.name"), ..Default::default() },
-            EnvVar { name: "POD_IP".into(), value_from: field("status.podIP"), ..Default::default() },
-            EnvVar { name: "ADDR".into(), value: Some("$(POD_IP):80".into()), ..Default::default() },
+            EnvVar {
+                name: "POD_NAME".into(),
+                value_from: field("metadata.name"),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "POD_IP".into(),
+                value_from: field("status.podIP"),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "ADDR".into(),
+                value: Some("$(POD_IP):80".into()),
+                ..Default::default()
+            },
         ]);
-        let src = EnvSources { pod_ip: "127.0.1.9".into(), ..Default::default() };
+        let src = EnvSources {
+            pod_ip: "127.0.1.9".into(),
+            ..Default::default()
+        };
         let env = resolve_env(&pod, &c, &src).expect("resolves");
         assert_eq!(
             env,
@@ -320,7 +385,11 @@ mod tests {
         let err = resolve_env(&pod, &c, &EnvSources::default()).expect_err("must fail");
         assert_eq!(
             err,
-            EnvError::MissingConfigMapKey { var: "X".into(), name: "cfg".into(), key: "k".into() }
+            EnvError::MissingConfigMapKey {
+                var: "X".into(),
+                name: "cfg".into(),
+                key: "k".into()
+            }
         );
     }
 }

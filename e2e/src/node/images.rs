@@ -50,8 +50,14 @@ mod tests {
             "images:\n- {image: 'oxbow-worker:*', binary: /bin/w}\n- {image: 'pinned:1', binary: /bin/p}\n",
         )
         .expect("valid yaml");
-        assert_eq!(map.resolve("oxbow-worker:0.1.0"), Some(&PathBuf::from("/bin/w")));
-        assert_eq!(map.resolve("ghcr.io/oxbow/oxbow-worker:dev"), Some(&PathBuf::from("/bin/w")));
+        assert_eq!(
+            map.resolve("oxbow-worker:0.1.0"),
+            Some(&PathBuf::from("/bin/w"))
+        );
+        assert_eq!(
+            map.resolve("ghcr.io/oxbow/oxbow-worker:dev"),
+            Some(&PathBuf::from("/bin/w"))
+        );
         assert_eq!(map.resolve("oxbow-worker"), Some(&PathBuf::from("/bin/w")));
         assert_eq!(map.resolve("pinned:1"), Some(&PathBuf::from("/bin/p")));
         assert_eq!(map.resolve("pinned:2"), None);

@@ -18,12 +18,16 @@ impl IpPool {
     /// Takes `preferred` when it is free and in range (a pod keeps its IP across an agent
     /// restart), else the lowest free address.
     pub fn allocate(&mut self, preferred: Option<Ipv4Addr>) -> Option<Ipv4Addr> {
-        if let Some(ip) = preferred.map(u32::from) {
-            if (FIRST..=LAST).contains(&ip) && ip & 0xff != 0 && ip & 0xff != 255 && self.used.insert(ip) {
-                return Some(Ipv4Addr::from(ip));
-            }
+        if let Some(ip) = preferred.map(u32::from)
+            && (FIRST..=LAST).contains(&ip)
+            && ip & 0xff != 0
+            && ip & 0xff != 255
+            && self.used.insert(ip)
+        {
+            return Some(Ipv4Addr::from(ip));
         }
-        let ip = (FIRST..=LAST).find(|ip| ip & 0xff != 0 && ip & 0xff != 255 && !self.used.contains(ip))?;
+        let ip = (FIRST..=LAST)
+            .find(|ip| ip & 0xff != 0 && ip & 0xff != 255 && !self.used.contains(ip))?;
         self.used.insert(ip);
         Some(Ipv4Addr::from(ip))
     }
@@ -53,7 +57,14 @@ mod tests {
         let mut pool = IpPool::default();
         let want = Ipv4Addr::new(127, 0, 3, 7);
         assert_eq!(pool.allocate(Some(want)), Some(want));
-        assert_ne!(pool.allocate(Some(want)), Some(want), "an address is never handed out twice");
-        assert_ne!(pool.allocate(Some(Ipv4Addr::new(10, 0, 0, 1))), Some(Ipv4Addr::new(10, 0, 0, 1)));
+        assert_ne!(
+            pool.allocate(Some(want)),
+            Some(want),
+            "an address is never handed out twice"
+        );
+        assert_ne!(
+            pool.allocate(Some(Ipv4Addr::new(10, 0, 0, 1))),
+            Some(Ipv4Addr::new(10, 0, 0, 1))
+        );
     }
 }

@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Preconditions, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
@@ -74,7 +74,12 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(shared: AgentShared, settings: NodeSettings) -> Self {
-        Self { shared: Arc::new(shared), settings, pool: Arc::default(), pods: HashMap::new() }
+        Self {
+            shared: Arc::new(shared),
+            settings,
+            pool: Arc::default(),
+            pods: HashMap::new(),
+        }
     }
 
     /// Runs until SIGTERM/SIGINT, then stops every pod's processes (the pod objects stay:
@@ -94,15 +99,20 @@ impl Agent {
         };
         provisioner.ensure_storage_class().await?;
         tokio::spawn(provisioner.run());
-        tokio::spawn(registration::heartbeat(client.clone(), self.settings.clone()));
+        tokio::spawn(registration::heartbeat(
+            client.clone(),
+            self.settings.clone(),
+        ));
         tracing::info!(node = %self.shared.node_name, "node registered");
 
         let pods: Api<Pod> = Api::all(client.clone());
-        let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", self.shared.node_name));
+        let cfg =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.shared.node_name));
         let events = watcher(pods, cfg).default_backoff();
         let mut events = std::pin::pin!(events);
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
@@ -135,16 +145,26 @@ impl Agent {
     }
 
     fn on_pod(&mut self, pod: Pod, done: &tokio::sync::mpsc::UnboundedSender<String>) {
-        let Some(uid) = pod.metadata.uid.clone() else { return };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
         let deleting = pod.metadata.deletion_timestamp.is_some();
         if let Some(h) = self.pods.get(&uid) {
             if deleting {
-                let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30).max(0) as u64;
+                let grace = pod
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .unwrap_or(30)
+                    .max(0) as u64;
                 let _ = h.stop.send(Some(Duration::from_secs(grace)));
             }
             return;
         }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
         if deleting {
             // Nothing runs for it here (finished, or from before an agent restart).
             tokio::spawn(force_delete(self.shared.client.clone(), pod));
@@ -169,7 +189,12 @@ impl Agent {
         let (tx, rx) = watch::channel(None);
         self.pods.insert(uid.clone(), PodHandle { stop: tx });
         tracing::info!(ns = ?pod.metadata.namespace, pod = ?pod.metadata.name, %ip, "starting pod");
-        let runner = PodRunner { shared: self.shared.clone(), pod, ip, stop: rx };
+        let runner = PodRunner {
+            shared: self.shared.clone(),
+            pod,
+            ip,
+            stop: rx,
+        };
         let pool = self.pool.clone();
         let done = done.clone();
         tokio::spawn(async move {
@@ -189,26 +214,39 @@ impl Agent {
 }
 
 async fn force_delete(client: kube::Client, pod: Pod) {
-    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else { return };
+    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
+        return;
+    };
     let api: Api<Pod> = Api::namespaced(client, &ns);
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
         ..Default::default()
     };
-    if let Err(e) = api.delete(&name, &dp).await {
-        if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409) {
-            tracing::warn!(pod = %name, error = %e, "failed to delete pod");
-        }
+    if let Err(e) = api.delete(&name, &dp).await
+        && !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+    {
+        tracing::warn!(pod = %name, error = %e, "failed to delete pod");
     }
 }
 
 /// Process groups recorded by a previous agent that died without stopping them.
 fn kill_leftovers(pids: &std::path::Path) {
-    let Ok(entries) = std::fs::read_dir(pids) else { return };
+    let Ok(entries) = std::fs::read_dir(pids) else {
+        return;
+    };
     for e in entries.flatten() {
-        if let Some(pid) = std::fs::read_to_string(e.path()).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        if let Some(pid) = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         let _ = std::fs::remove_file(e.path());
     }

@@ -12,16 +12,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Preconditions, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 use super::AgentShared;
-use super::env::{EnvSources, Mount, expand, resolve_env, rewrite_paths};
+use super::env::{EnvSources, expand, resolve_env, rewrite_paths};
 use super::probe::{self, ProbeTarget};
 use super::volumes::{self, VolumeContext};
 
@@ -30,18 +30,37 @@ pub type StopSignal = watch::Receiver<Option<Duration>>;
 
 #[derive(Debug, Clone)]
 enum CState {
-    Waiting { reason: String, message: String },
-    Running { started_at: Timestamp },
-    Terminated { exit_code: i32, reason: String, message: String, started_at: Timestamp, finished_at: Timestamp },
+    Waiting {
+        reason: String,
+        message: String,
+    },
+    Running {
+        started_at: Timestamp,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        message: String,
+        started_at: Timestamp,
+        finished_at: Timestamp,
+    },
 }
 
 impl CState {
     fn to_json(&self) -> Value {
         let t = |ts: &Timestamp| serde_json::to_value(Time(*ts)).unwrap_or(Value::Null);
         match self {
-            CState::Waiting { reason, message } => json!({"waiting": {"reason": reason, "message": message}}),
+            CState::Waiting { reason, message } => {
+                json!({"waiting": {"reason": reason, "message": message}})
+            }
             CState::Running { started_at } => json!({"running": {"startedAt": t(started_at)}}),
-            CState::Terminated { exit_code, reason, message, started_at, finished_at } => json!({"terminated": {
+            CState::Terminated {
+                exit_code,
+                reason,
+                message,
+                started_at,
+                finished_at,
+            } => json!({"terminated": {
                 "exitCode": exit_code, "reason": reason, "message": message,
                 "startedAt": t(started_at), "finishedAt": t(finished_at)}}),
         }
@@ -102,11 +121,17 @@ impl Ctx {
     }
 
     fn log_path(&self, container: &str) -> PathBuf {
-        self.shared.root.join("logs").join(format!("{}_{}_{}.log", self.ns, self.name, container))
+        self.shared
+            .root
+            .join("logs")
+            .join(format!("{}_{}_{}.log", self.ns, self.name, container))
     }
 
     fn pid_path(&self, container: &str) -> PathBuf {
-        self.shared.root.join("pids").join(format!("{}-{}.pid", self.uid, container))
+        self.shared
+            .root
+            .join("pids")
+            .join(format!("{}-{}.pid", self.uid, container))
     }
 }
 
@@ -117,11 +142,18 @@ impl PodRunner {
             ns: meta.namespace.clone().unwrap_or_else(|| "default".into()),
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
-            dir: self.shared.root.join("pods").join(meta.uid.clone().unwrap_or_default()),
+            dir: self
+                .shared
+                .root
+                .join("pods")
+                .join(meta.uid.clone().unwrap_or_default()),
             shared: self.shared.clone(),
             pod: self.pod.clone(),
             ip: self.ip,
-            state: Mutex::new(PodState { start_time: Some(Timestamp::now()), ..Default::default() }),
+            state: Mutex::new(PodState {
+                start_time: Some(Timestamp::now()),
+                ..Default::default()
+            }),
             changed: Notify::new(),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -130,19 +162,28 @@ impl PodRunner {
         });
         let spec = self.pod.spec.clone().unwrap_or_default();
         ctx.with_state(|s| {
-            for (set, list) in [(&mut s.init, spec.init_containers.clone()), (&mut s.containers, Some(spec.containers.clone()))] {
+            for (set, list) in [
+                (&mut s.init, spec.init_containers.clone()),
+                (&mut s.containers, Some(spec.containers.clone())),
+            ] {
                 for c in list.into_iter().flatten() {
-                    set.insert(c.name.clone(), ContainerRec {
-                        image: c.image.clone().unwrap_or_default(),
-                        binary: String::new(),
-                        state: CState::Waiting { reason: "ContainerCreating".into(), message: String::new() },
-                        last_state: None,
-                        ready: false,
-                        started: false,
-                        restart_count: 0,
-                        pid: None,
-                        alive: true,
-                    });
+                    set.insert(
+                        c.name.clone(),
+                        ContainerRec {
+                            image: c.image.clone().unwrap_or_default(),
+                            binary: String::new(),
+                            state: CState::Waiting {
+                                reason: "ContainerCreating".into(),
+                                message: String::new(),
+                            },
+                            last_state: None,
+                            ready: false,
+                            started: false,
+                            restart_count: 0,
+                            pid: None,
+                            alive: true,
+                        },
+                    );
                 }
             }
         });
@@ -158,8 +199,12 @@ impl PodRunner {
         };
         // run_pod's containers observe the same signal and stop themselves; wait for them.
         let deadline = Instant::now() + grace + Duration::from_secs(5);
-        while ctx.with_state(|s| s.containers.values().chain(s.init.values()).any(|c| c.pid.is_some()))
-            && Instant::now() < deadline
+        while ctx.with_state(|s| {
+            s.containers
+                .values()
+                .chain(s.init.values())
+                .any(|c| c.pid.is_some())
+        }) && Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -170,18 +215,23 @@ impl PodRunner {
         let pods: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
         let dp = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions { uid: Some(ctx.uid.clone()), resource_version: None }),
+            preconditions: Some(Preconditions {
+                uid: Some(ctx.uid.clone()),
+                resource_version: None,
+            }),
             ..Default::default()
         };
         match pods.delete(&ctx.name, &dp).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => tracing::warn!(pod = %ctx.name, error = %e, "failed to delete terminated pod"),
-        }
-        if let Err(e) = std::fs::remove_dir_all(&ctx.dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %ctx.dir.display(), error = %e, "failed to remove pod directory");
+            Err(e) => {
+                tracing::warn!(pod = %ctx.name, error = %e, "failed to delete terminated pod")
             }
+        }
+        if let Err(e) = std::fs::remove_dir_all(&ctx.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %ctx.dir.display(), error = %e, "failed to remove pod directory");
         }
         tracing::info!(ns = %ctx.ns, pod = %ctx.name, "pod terminated");
     }
@@ -199,7 +249,10 @@ async fn wait_stop(stop: &mut StopSignal) -> Duration {
 }
 
 fn restart_policy(pod: &Pod) -> String {
-    pod.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_else(|| "Always".into())
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into())
 }
 
 async fn run_pod(ctx: Arc<Ctx>, stop: StopSignal) {
@@ -211,7 +264,10 @@ async fn run_pod(ctx: Arc<Ctx>, stop: StopSignal) {
             Err(msg) => {
                 ctx.with_state(|s| {
                     for c in s.init.values_mut().chain(s.containers.values_mut()) {
-                        c.state = CState::Waiting { reason: "ContainerCreating".into(), message: msg.clone() };
+                        c.state = CState::Waiting {
+                            reason: "ContainerCreating".into(),
+                            message: msg.clone(),
+                        };
                     }
                 });
                 tracing::info!(pod = %ctx.name, reason = %msg, "pod not startable yet");
@@ -222,7 +278,8 @@ async fn run_pod(ctx: Arc<Ctx>, stop: StopSignal) {
     let prepared = Arc::new(prepared);
     for c in spec.init_containers.clone().unwrap_or_default() {
         loop {
-            let code = run_container(ctx.clone(), prepared.clone(), c.clone(), true, stop.clone()).await;
+            let code =
+                run_container(ctx.clone(), prepared.clone(), c.clone(), true, stop.clone()).await;
             if code == Some(0) {
                 break;
             }
@@ -232,10 +289,15 @@ async fn run_pod(ctx: Arc<Ctx>, stop: StopSignal) {
         }
     }
     ctx.with_state(|s| s.initialized = true);
-    let runs = spec
-        .containers
-        .iter()
-        .map(|c| tokio::spawn(run_container(ctx.clone(), prepared.clone(), c.clone(), false, stop.clone())));
+    let runs = spec.containers.iter().map(|c| {
+        tokio::spawn(run_container(
+            ctx.clone(),
+            prepared.clone(),
+            c.clone(),
+            false,
+            stop.clone(),
+        ))
+    });
     futures::future::join_all(runs).await;
 }
 
@@ -246,7 +308,8 @@ struct Prepared {
 }
 
 async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
-    std::fs::create_dir_all(&ctx.dir).map_err(|e| format!("failed to create pod directory: {e}"))?;
+    std::fs::create_dir_all(&ctx.dir)
+        .map_err(|e| format!("failed to create pod directory: {e}"))?;
     let mut env = EnvSources {
         pod_ip: ctx.ip.to_string(),
         host_ip: "127.0.0.1".into(),
@@ -255,7 +318,11 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
     };
     // Read every ConfigMap and Secret the pod refers to, so resolution stays pure.
     let spec = ctx.pod.spec.clone().unwrap_or_default();
-    let all = spec.init_containers.iter().flatten().chain(spec.containers.iter());
+    let all = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter());
     let (mut cms, mut secrets) = (Vec::new(), Vec::new());
     for c in all {
         for e in c.env.iter().flatten() {
@@ -279,13 +346,21 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
     }
     let cm_api: Api<ConfigMap> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
     for name in cms {
-        if let Some(cm) = cm_api.get_opt(&name).await.map_err(|e| format!("failed to read ConfigMap {name}: {e}"))? {
+        if let Some(cm) = cm_api
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("failed to read ConfigMap {name}: {e}"))?
+        {
             env.config_maps.insert(name, cm.data.unwrap_or_default());
         }
     }
     let sec_api: Api<Secret> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
     for name in secrets {
-        if let Some(s) = sec_api.get_opt(&name).await.map_err(|e| format!("failed to read Secret {name}: {e}"))? {
+        if let Some(s) = sec_api
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("failed to read Secret {name}: {e}"))?
+        {
             let data = s
                 .data
                 .unwrap_or_default()
@@ -295,7 +370,12 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
             env.secrets.insert(name, data);
         }
     }
-    let cx = VolumeContext { client: &ctx.shared.client, pod: &ctx.pod, pod_dir: &ctx.dir, env: &env };
+    let cx = VolumeContext {
+        client: &ctx.shared.client,
+        pod: &ctx.pod,
+        pod_dir: &ctx.dir,
+        env: &env,
+    };
     let volume_dirs = volumes::prepare(&cx).await.map_err(|e| e.to_string())?;
     // The pod's own credentials: a kubeconfig with a pod-bound ServiceAccount token, so
     // kube-rs `Config::infer()` (and client-go) work unchanged and RBAC applies.
@@ -304,14 +384,21 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
         .map_err(|e| format!("failed to request a ServiceAccount token: {e}"))?;
     let kubeconfig = ctx.dir.join("kubeconfig");
     let ca = k8s_openapi::ByteString(ctx.shared.ca_pem.clone().into_bytes());
-    let ca_b64 = serde_json::to_value(&ca).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+    let ca_b64 = serde_json::to_value(&ca)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
     let kc = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca_b64}\nusers:\n- name: pod\n  user:\n    token: {token}\ncontexts:\n- name: pod\n  context:\n    cluster: local\n    user: pod\n    namespace: {ns}\ncurrent-context: pod\n",
         server = ctx.shared.api_server,
         ns = ctx.ns,
     );
     std::fs::write(&kubeconfig, kc).map_err(|e| format!("failed to write pod kubeconfig: {e}"))?;
-    Ok(Prepared { volume_dirs, env, kubeconfig })
+    Ok(Prepared {
+        volume_dirs,
+        env,
+        kubeconfig,
+    })
 }
 
 /// Runs one container until it is done for good. Returns its last exit code, or `None`
@@ -325,20 +412,33 @@ async fn run_container(
 ) -> Option<i32> {
     let set = |ctx: &Ctx, f: &dyn Fn(&mut ContainerRec)| {
         ctx.with_state(|s| {
-            let map = if is_init { &mut s.init } else { &mut s.containers };
+            let map = if is_init {
+                &mut s.init
+            } else {
+                &mut s.containers
+            };
             if let Some(r) = map.get_mut(&c.name) {
                 f(r);
             }
         })
     };
-    let policy = if is_init { "OnFailure".to_string() } else { restart_policy(&ctx.pod) };
+    let policy = if is_init {
+        "OnFailure".to_string()
+    } else {
+        restart_policy(&ctx.pod)
+    };
     let mut backoff = ctx.shared.restart_backoff_base;
     loop {
         let launched = launch(&ctx, &prepared, &c);
         let (mut child, argv_env) = match launched {
             Ok(v) => v,
             Err((reason, message)) => {
-                set(&ctx, &|r| r.state = CState::Waiting { reason: reason.clone(), message: message.clone() });
+                set(&ctx, &|r| {
+                    r.state = CState::Waiting {
+                        reason: reason.clone(),
+                        message: message.clone(),
+                    }
+                });
                 tracing::warn!(pod = %ctx.name, container = %c.name, %reason, %message, "container cannot start");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
@@ -369,7 +469,12 @@ async fn run_container(
         let probes = if is_init {
             None
         } else {
-            Some(tokio::spawn(run_probes(ctx.clone(), c.clone(), argv_env, kill_tx)))
+            Some(tokio::spawn(run_probes(
+                ctx.clone(),
+                c.clone(),
+                argv_env,
+                kill_tx,
+            )))
         };
         let mut killed_for: Option<String> = None;
         let mut stopping: Option<Duration> = None;
@@ -431,10 +536,18 @@ async fn run_container(
         if t0.elapsed() > ctx.shared.restart_backoff_max * 2 {
             backoff = ctx.shared.restart_backoff_base;
         }
-        let msg = format!("back-off {}s restarting failed container={} pod={}", backoff.as_secs_f32(), c.name, ctx.name);
+        let msg = format!(
+            "back-off {}s restarting failed container={} pod={}",
+            backoff.as_secs_f32(),
+            c.name,
+            ctx.name
+        );
         set(&ctx, &|r| {
             r.last_state = Some(terminated.clone());
-            r.state = CState::Waiting { reason: "CrashLoopBackOff".into(), message: msg.clone() };
+            r.state = CState::Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: msg.clone(),
+            };
             r.pid = None;
             r.ready = false;
             r.restart_count += 1;
@@ -454,13 +567,19 @@ async fn run_container(
 }
 
 fn termination_grace(pod: &Pod) -> Duration {
-    let s = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+    let s = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30);
     Duration::from_secs(s.max(0) as u64)
 }
 
 fn exit_code_of(s: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    s.code().or_else(|| s.signal().map(|sig| 128 + sig)).unwrap_or(255)
+    s.code()
+        .or_else(|| s.signal().map(|sig| 128 + sig))
+        .unwrap_or(255)
 }
 
 /// SIGTERM to the container's process group, SIGKILL after `grace`.
@@ -496,25 +615,39 @@ fn launch(ctx: &Ctx, prepared: &Prepared, c: &Container) -> Result<Launched, (St
     let binary = ctx.shared.images.resolve(&image).cloned().ok_or_else(|| {
         (
             "ErrImageNeverPull".to_string(),
-            format!("image {image:?} is not mapped to a local binary (see the node agent's images file)"),
+            format!(
+                "image {image:?} is not mapped to a local binary (see the node agent's images file)"
+            ),
         )
     })?;
     if !binary.is_file() {
         return Err((
             "ErrImageNeverPull".into(),
-            format!("image {image:?} maps to {} which does not exist: build it first", binary.display()),
+            format!(
+                "image {image:?} maps to {} which does not exist: build it first",
+                binary.display()
+            ),
         ));
     }
     let mounts = volumes::container_mounts(c.volume_mounts.as_ref(), &prepared.volume_dirs);
     let resolved = resolve_env(&ctx.pod, c, &prepared.env)
         .map_err(|e| ("CreateContainerConfigError".to_string(), e.to_string()))?;
     let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
         ("HOSTNAME".into(), ctx.name.clone()),
         ("HOME".into(), ctx.dir.to_string_lossy().into_owned()),
         ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-        ("KUBERNETES_SERVICE_PORT".into(), ctx.shared.api_port.to_string()),
-        ("KUBECONFIG".into(), prepared.kubeconfig.to_string_lossy().into_owned()),
+        (
+            "KUBERNETES_SERVICE_PORT".into(),
+            ctx.shared.api_port.to_string(),
+        ),
+        (
+            "KUBECONFIG".into(),
+            prepared.kubeconfig.to_string_lossy().into_owned(),
+        ),
         ("POD_IP".into(), ctx.ip.to_string()),
     ];
     for (k, v) in resolved {
@@ -537,10 +670,21 @@ fn launch(ctx: &Ctx, prepared: &Prepared, c: &Container) -> Result<Launched, (St
         Some(w) => PathBuf::from(rewrite_paths(w, &mounts)),
         None => ctx.dir.join("containers").join(&c.name),
     };
-    std::fs::create_dir_all(&cwd).map_err(|e| ("RunContainerError".to_string(), format!("failed to create working directory {}: {e}", cwd.display())))?;
-    let log = open_log(&ctx.log_path(&c.name), &binary, &argv)
-        .map_err(|e| ("RunContainerError".to_string(), format!("failed to open log file: {e}")))?;
-    let log2 = log.try_clone().map_err(|e| ("RunContainerError".to_string(), e.to_string()))?;
+    std::fs::create_dir_all(&cwd).map_err(|e| {
+        (
+            "RunContainerError".to_string(),
+            format!("failed to create working directory {}: {e}", cwd.display()),
+        )
+    })?;
+    let log = open_log(&ctx.log_path(&c.name), &binary, &argv).map_err(|e| {
+        (
+            "RunContainerError".to_string(),
+            format!("failed to open log file: {e}"),
+        )
+    })?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| ("RunContainerError".to_string(), e.to_string()))?;
     let child = tokio::process::Command::new(&binary)
         .args(&argv)
         .env_clear()
@@ -551,7 +695,12 @@ fn launch(ctx: &Ctx, prepared: &Prepared, c: &Container) -> Result<Launched, (St
         .stderr(log2)
         .process_group(0)
         .spawn()
-        .map_err(|e| ("RunContainerError".to_string(), format!("failed to start {}: {e}", binary.display())))?;
+        .map_err(|e| {
+            (
+                "RunContainerError".to_string(),
+                format!("failed to start {}: {e}", binary.display()),
+            )
+        })?;
     ctx.with_state(|s| {
         if let Some(r) = s.containers.get_mut(&c.name).or(s.init.get_mut(&c.name)) {
             r.binary = binary.to_string_lossy().into_owned();
@@ -565,8 +714,17 @@ fn open_log(path: &Path, binary: &Path, argv: &[String]) -> std::io::Result<std:
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    writeln!(f, "--- oxbow-node {}: starting {} {:?}", Timestamp::now(), binary.display(), argv)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(
+        f,
+        "--- oxbow-node {}: starting {} {:?}",
+        Timestamp::now(),
+        binary.display(),
+        argv
+    )?;
     Ok(f)
 }
 
@@ -576,7 +734,13 @@ async fn run_probes(
     (env, cwd): (Vec<(String, String)>, PathBuf),
     kill: tokio::sync::mpsc::Sender<String>,
 ) {
-    let target = ProbeTarget { pod_ip: ctx.ip.to_string(), container: c.clone(), env, cwd, http: ctx.http.clone() };
+    let target = ProbeTarget {
+        pod_ip: ctx.ip.to_string(),
+        container: c.clone(),
+        env,
+        cwd,
+        http: ctx.http.clone(),
+    };
     let set = |f: &dyn Fn(&mut ContainerRec)| {
         ctx.with_state(|s| {
             if let Some(r) = s.containers.get_mut(&c.name) {
@@ -656,7 +820,9 @@ async fn status_writer(ctx: Arc<Ctx>) {
             if let Some(conds) = stamped["conditions"].as_array_mut() {
                 for c in conds {
                     let t = c["type"].as_str().unwrap_or_default().to_string();
-                    let entry = transitions.entry(t).or_insert_with(|| (c["status"].clone(), now.clone()));
+                    let entry = transitions
+                        .entry(t)
+                        .or_insert_with(|| (c["status"].clone(), now.clone()));
                     if entry.0 != c["status"] {
                         *entry = (c["status"].clone(), now.clone());
                     }
@@ -664,10 +830,15 @@ async fn status_writer(ctx: Arc<Ctx>) {
                 }
             }
             let patch = json!({"status": stamped});
-            match pods.patch_status(&ctx.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+            match pods
+                .patch_status(&ctx.name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
                 Ok(_) => last = Some(status),
                 Err(kube::Error::Api(s)) if s.code == 404 => return,
-                Err(e) => tracing::warn!(pod = %ctx.name, error = %e, "failed to write pod status; retrying"),
+                Err(e) => {
+                    tracing::warn!(pod = %ctx.name, error = %e, "failed to write pod status; retrying")
+                }
             }
         }
         tokio::select! {
@@ -703,11 +874,12 @@ fn build_status(s: &PodState, ctx: &Ctx) -> Value {
     let has_run = containers
         .values()
         .any(|r| !matches!(r.state, CState::Waiting { .. }) || r.restart_count > 0);
-    let all_succeeded = containers.values().all(|r| matches!(r.state, CState::Terminated { exit_code: 0, .. }));
-    let init_failed = s
-        .init
+    let all_succeeded = containers
         .values()
-        .any(|r| !r.alive && matches!(r.state, CState::Terminated { exit_code, .. } if exit_code != 0));
+        .all(|r| matches!(r.state, CState::Terminated { exit_code: 0, .. }));
+    let init_failed = s.init.values().any(|r| {
+        !r.alive && matches!(r.state, CState::Terminated { exit_code, .. } if exit_code != 0)
+    });
     let phase = if init_failed {
         "Failed"
     } else if !s.initialized || !has_run {
@@ -720,14 +892,19 @@ fn build_status(s: &PodState, ctx: &Ctx) -> Value {
         "Failed"
     };
     let cond = |t: &str, ok: bool, reason: &str, message: &str| {
-        let mut c = json!({"type": t, "status": if ok { "True" } else { "False" }, "lastProbeTime": null});
+        let mut c =
+            json!({"type": t, "status": if ok { "True" } else { "False" }, "lastProbeTime": null});
         if !ok {
             c["reason"] = json!(reason);
             c["message"] = json!(message);
         }
         c
     };
-    let not_ready: Vec<&str> = containers.iter().filter(|(_, r)| !r.ready).map(|(n, _)| n.as_str()).collect();
+    let not_ready: Vec<&str> = containers
+        .iter()
+        .filter(|(_, r)| !r.ready)
+        .map(|(n, _)| n.as_str())
+        .collect();
     let msg = format!("containers with unready status: [{}]", not_ready.join(" "));
     json!({
         "phase": phase,

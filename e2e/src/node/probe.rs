@@ -28,7 +28,9 @@ pub enum Outcome {
 impl ProbeTarget {
     fn port(&self, p: &IntOrString) -> Result<u16, String> {
         match p {
-            IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("port {n} is out of range")),
+            IntOrString::Int(n) => {
+                u16::try_from(*n).map_err(|_| format!("port {n} is out of range"))
+            }
             IntOrString::String(name) => self
                 .container
                 .ports
@@ -50,8 +52,13 @@ impl ProbeTarget {
 
     async fn run_inner(&self, probe: &Probe) -> Outcome {
         if let Some(h) = &probe.http_get {
-            if h.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("https")) {
-                return Outcome::Failure("HTTPS probes are not supported by the local node agent".into());
+            if h.scheme
+                .as_deref()
+                .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+            {
+                return Outcome::Failure(
+                    "HTTPS probes are not supported by the local node agent".into(),
+                );
             }
             let port = match self.port(&h.port) {
                 Ok(p) => p,
@@ -66,7 +73,10 @@ impl ProbeTarget {
             }
             return match req.send().await {
                 Ok(r) if (200..400).contains(&r.status().as_u16()) => Outcome::Success,
-                Ok(r) => Outcome::Failure(format!("HTTP probe failed with statuscode: {}", r.status().as_u16())),
+                Ok(r) => Outcome::Failure(format!(
+                    "HTTP probe failed with statuscode: {}",
+                    r.status().as_u16()
+                )),
                 Err(e) => Outcome::Failure(format!("Get \"{url}\": {e}")),
             };
         }

@@ -45,7 +45,11 @@ impl Provisioner {
             "allowVolumeExpansion": true,
         });
         classes
-            .patch(STORAGE_CLASS, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(sc))
+            .patch(
+                STORAGE_CLASS,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(sc),
+            )
             .await?;
         Ok(())
     }
@@ -93,9 +97,11 @@ impl Provisioner {
         {
             return Ok(());
         }
-        let (Some(uid), Some(ns), Some(name)) =
-            (&pvc.metadata.uid, &pvc.metadata.namespace, &pvc.metadata.name)
-        else {
+        let (Some(uid), Some(ns), Some(name)) = (
+            &pvc.metadata.uid,
+            &pvc.metadata.namespace,
+            &pvc.metadata.name,
+        ) else {
             return Ok(());
         };
         let pv_name = format!("pvc-{uid}");
@@ -131,7 +137,10 @@ impl Provisioner {
             },
         });
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
-        match volumes.create(&PostParams::default(), &serde_json::from_value(pv)?).await {
+        match volumes
+            .create(&PostParams::default(), &serde_json::from_value(pv)?)
+            .await
+        {
             Ok(_) => {
                 tracing::info!(%ns, claim = %name, volume = %pv_name, dir = %dir.display(), "provisioned volume");
                 Ok(())
@@ -149,13 +158,23 @@ impl Provisioner {
             .and_then(|a| a.get(PROVISIONED_BY))
             .is_some_and(|p| p == PROVISIONER);
         let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
-        let delete = pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        let delete = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
             == Some("Delete");
-        let Some(name) = &pv.metadata.name else { return Ok(()) };
+        let Some(name) = &pv.metadata.name else {
+            return Ok(());
+        };
         if !(ours && released && delete) || pv.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
-        if let Some(path) = pv.spec.as_ref().and_then(|s| s.host_path.as_ref()).map(|h| PathBuf::from(&h.path)) {
+        if let Some(path) = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_path.as_ref())
+            .map(|h| PathBuf::from(&h.path))
+        {
             // Only ever delete inside our own volumes directory.
             if path.starts_with(&self.volumes_dir) && path != Path::new(&self.volumes_dir) {
                 match std::fs::remove_dir_all(&path) {

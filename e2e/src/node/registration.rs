@@ -82,7 +82,9 @@ pub async fn update_status(client: &kube::Client, s: &NodeSettings) -> Result<()
         },
     });
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    nodes.patch_status(&s.node_name, &pp, &Patch::Apply(status)).await?;
+    nodes
+        .patch_status(&s.node_name, &pp, &Patch::Apply(status))
+        .await?;
     Ok(())
 }
 
@@ -99,7 +101,9 @@ pub async fn renew_lease(client: &kube::Client, s: &NodeSettings) -> Result<(), 
         },
     });
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    leases.patch(&s.node_name, &pp, &Patch::Apply(lease)).await?;
+    leases
+        .patch(&s.node_name, &pp, &Patch::Apply(lease))
+        .await?;
     Ok(())
 }
 
@@ -113,10 +117,10 @@ pub async fn heartbeat(client: kube::Client, s: NodeSettings) {
         if let Err(e) = renew_lease(&client, &s).await {
             tracing::warn!(error = %e, "failed to renew node lease");
         }
-        if n % 3 == 0 {
-            if let Err(e) = register(&client, &s).await {
-                tracing::warn!(error = %e, "failed to post node status");
-            }
+        if n.is_multiple_of(3)
+            && let Err(e) = register(&client, &s).await
+        {
+            tracing::warn!(error = %e, "failed to post node status");
         }
         n += 1;
     }

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount, Volume,
+    ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    Volume,
 };
 use kube::api::{Api, PostParams};
 
@@ -21,15 +22,24 @@ pub enum VolumeError {
     #[error("failed to mount volume {volume}: PersistentVolumeClaim {claim} is not bound yet")]
     ClaimNotBound { volume: String, claim: String },
     #[error("failed to mount volume {volume}: {kind} {name} does not exist")]
-    SourceMissing { volume: String, kind: &'static str, name: String },
+    SourceMissing {
+        volume: String,
+        kind: &'static str,
+        name: String,
+    },
     #[error("failed to mount volume {volume}: its PV {pv} is neither hostPath nor local")]
     UnsupportedVolumeSource { volume: String, pv: String },
-    #[error("failed to mount volume {volume}: volume type {kind} is not supported by the local node agent")]
+    #[error(
+        "failed to mount volume {volume}: volume type {kind} is not supported by the local node agent"
+    )]
     UnsupportedType { volume: String, kind: String },
     #[error("failed to mount volume {volume}: {source}")]
     Api { volume: String, source: kube::Error },
     #[error("failed to write volume {volume}: {source}")]
-    Io { volume: String, source: std::io::Error },
+    Io {
+        volume: String,
+        source: std::io::Error,
+    },
 }
 
 impl VolumeError {
@@ -49,7 +59,14 @@ pub struct VolumeContext<'a> {
 /// Prepares every volume of the pod and returns volume name → host directory.
 pub async fn prepare(cx: &VolumeContext<'_>) -> Result<HashMap<String, PathBuf>, VolumeError> {
     let mut dirs = HashMap::new();
-    for v in cx.pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).into_iter().flatten() {
+    for v in cx
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+    {
         let dir = prepare_one(cx, v).await?;
         dirs.insert(v.name.clone(), dir);
     }
@@ -70,17 +87,26 @@ pub fn container_mounts(
                 Some(sub) => base.join(sub),
                 None => base.clone(),
             };
-            Some(Mount { container_path: m.mount_path.clone(), host_path: host.to_string_lossy().into_owned() })
+            Some(Mount {
+                container_path: m.mount_path.clone(),
+                host_path: host.to_string_lossy().into_owned(),
+            })
         })
         .collect()
 }
 
 fn ns(pod: &Pod) -> String {
-    pod.metadata.namespace.clone().unwrap_or_else(|| "default".into())
+    pod.metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into())
 }
 
 async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, VolumeError> {
-    let io = |source| VolumeError::Io { volume: v.name.clone(), source };
+    let io = |source| VolumeError::Io {
+        volume: v.name.clone(),
+        source,
+    };
     let own_dir = cx.pod_dir.join("volumes").join(&v.name);
     if let Some(pvc) = &v.persistent_volume_claim {
         return claim_dir(cx, &v.name, &pvc.claim_name).await;
@@ -98,10 +124,26 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
     }
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     if let Some(cm) = &v.config_map {
-        config_map_files(cx, &v.name, &cm.name, cm.items.as_ref(), cm.optional, &mut files).await?;
+        config_map_files(
+            cx,
+            &v.name,
+            &cm.name,
+            cm.items.as_ref(),
+            cm.optional,
+            &mut files,
+        )
+        .await?;
     } else if let Some(sec) = &v.secret {
         let name = sec.secret_name.clone().unwrap_or_default();
-        secret_files(cx, &v.name, &name, sec.items.as_ref(), sec.optional, &mut files).await?;
+        secret_files(
+            cx,
+            &v.name,
+            &name,
+            sec.items.as_ref(),
+            sec.optional,
+            &mut files,
+        )
+        .await?;
     } else if let Some(dapi) = &v.downward_api {
         for item in dapi.items.iter().flatten() {
             if let Some(f) = &item.field_ref {
@@ -112,10 +154,26 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
     } else if let Some(proj) = &v.projected {
         for s in proj.sources.iter().flatten() {
             if let Some(cm) = &s.config_map {
-                config_map_files(cx, &v.name, &cm.name, cm.items.as_ref(), cm.optional, &mut files).await?;
+                config_map_files(
+                    cx,
+                    &v.name,
+                    &cm.name,
+                    cm.items.as_ref(),
+                    cm.optional,
+                    &mut files,
+                )
+                .await?;
             }
             if let Some(sec) = &s.secret {
-                secret_files(cx, &v.name, &sec.name, sec.items.as_ref(), sec.optional, &mut files).await?;
+                secret_files(
+                    cx,
+                    &v.name,
+                    &sec.name,
+                    sec.items.as_ref(),
+                    sec.optional,
+                    &mut files,
+                )
+                .await?;
             }
             if let Some(d) = &s.downward_api {
                 for item in d.items.iter().flatten() {
@@ -129,12 +187,18 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
                 let audiences = t.audience.clone().map(|a| vec![a]).unwrap_or_default();
                 let token = request_token(cx.client, cx.pod, audiences, t.expiration_seconds)
                     .await
-                    .map_err(|source| VolumeError::Api { volume: v.name.clone(), source })?;
+                    .map_err(|source| VolumeError::Api {
+                        volume: v.name.clone(),
+                        source,
+                    })?;
                 files.insert(t.path.clone(), token.into_bytes());
             }
         }
     } else {
-        return Err(VolumeError::UnsupportedType { volume: v.name.clone(), kind: volume_kind(v) });
+        return Err(VolumeError::UnsupportedType {
+            volume: v.name.clone(),
+            kind: volume_kind(v),
+        });
     }
     for (path, bytes) in files {
         let target = own_dir.join(&path);
@@ -149,20 +213,48 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
 fn volume_kind(v: &Volume) -> String {
     serde_json::to_value(v)
         .ok()
-        .and_then(|j| j.as_object().map(|o| o.keys().filter(|k| *k != "name").cloned().collect::<Vec<_>>()))
+        .and_then(|j| {
+            j.as_object().map(|o| {
+                o.keys()
+                    .filter(|k| *k != "name")
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+        })
         .map(|k| k.join(","))
         .unwrap_or_else(|| "unknown".into())
 }
 
-async fn claim_dir(cx: &VolumeContext<'_>, volume: &str, claim: &str) -> Result<PathBuf, VolumeError> {
-    let api_err = |source| VolumeError::Api { volume: volume.to_string(), source };
+async fn claim_dir(
+    cx: &VolumeContext<'_>,
+    volume: &str,
+    claim: &str,
+) -> Result<PathBuf, VolumeError> {
+    let api_err = |source| VolumeError::Api {
+        volume: volume.to_string(),
+        source,
+    };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cx.client.clone(), &ns(cx.pod));
-    let pvc = claims.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| {
-        VolumeError::SourceMissing { volume: volume.into(), kind: "PersistentVolumeClaim", name: claim.into() }
-    })?;
+    let pvc = claims
+        .get_opt(claim)
+        .await
+        .map_err(api_err)?
+        .ok_or_else(|| VolumeError::SourceMissing {
+            volume: volume.into(),
+            kind: "PersistentVolumeClaim",
+            name: claim.into(),
+        })?;
     let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|_| bound) else {
-        return Err(VolumeError::ClaimNotBound { volume: volume.into(), claim: claim.into() });
+    let Some(pv_name) = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .filter(|_| bound)
+    else {
+        return Err(VolumeError::ClaimNotBound {
+            volume: volume.into(),
+            claim: claim.into(),
+        });
     };
     let volumes: Api<PersistentVolume> = Api::all(cx.client.clone());
     let pv = volumes.get(&pv_name).await.map_err(api_err)?;
@@ -171,9 +263,15 @@ async fn claim_dir(cx: &VolumeContext<'_>, volume: &str, claim: &str) -> Result<
         .host_path
         .map(|h| h.path)
         .or(spec.local.map(|l| l.path))
-        .ok_or_else(|| VolumeError::UnsupportedVolumeSource { volume: volume.into(), pv: pv_name.clone() })?;
+        .ok_or_else(|| VolumeError::UnsupportedVolumeSource {
+            volume: volume.into(),
+            pv: pv_name.clone(),
+        })?;
     let path = PathBuf::from(path);
-    std::fs::create_dir_all(&path).map_err(|source| VolumeError::Io { volume: volume.into(), source })?;
+    std::fs::create_dir_all(&path).map_err(|source| VolumeError::Io {
+        volume: volume.into(),
+        source,
+    })?;
     Ok(path)
 }
 
@@ -203,7 +301,10 @@ async fn config_map_files(
     out: &mut BTreeMap<String, Vec<u8>>,
 ) -> Result<(), VolumeError> {
     let api: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &ns(cx.pod));
-    match api.get_opt(name).await.map_err(|source| VolumeError::Api { volume: volume.into(), source })? {
+    match api.get_opt(name).await.map_err(|source| VolumeError::Api {
+        volume: volume.into(),
+        source,
+    })? {
         Some(cm) => {
             let mut data: BTreeMap<String, Vec<u8>> = cm
                 .data
@@ -211,12 +312,21 @@ async fn config_map_files(
                 .into_iter()
                 .map(|(k, v)| (k, v.into_bytes()))
                 .collect();
-            data.extend(cm.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
+            data.extend(
+                cm.binary_data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0)),
+            );
             select_items(data, items, out);
             Ok(())
         }
         None if optional == Some(true) => Ok(()),
-        None => Err(VolumeError::SourceMissing { volume: volume.into(), kind: "ConfigMap", name: name.into() }),
+        None => Err(VolumeError::SourceMissing {
+            volume: volume.into(),
+            kind: "ConfigMap",
+            name: name.into(),
+        }),
     }
 }
 
@@ -229,16 +339,32 @@ async fn secret_files(
     out: &mut BTreeMap<String, Vec<u8>>,
 ) -> Result<(), VolumeError> {
     let api: Api<Secret> = Api::namespaced(cx.client.clone(), &ns(cx.pod));
-    match api.get_opt(name).await.map_err(|source| VolumeError::Api { volume: volume.into(), source })? {
+    match api.get_opt(name).await.map_err(|source| VolumeError::Api {
+        volume: volume.into(),
+        source,
+    })? {
         Some(s) => {
-            let mut data: BTreeMap<String, Vec<u8>> =
-                s.data.unwrap_or_default().into_iter().map(|(k, ByteString(v))| (k, v)).collect();
-            data.extend(s.string_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())));
+            let mut data: BTreeMap<String, Vec<u8>> = s
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, ByteString(v))| (k, v))
+                .collect();
+            data.extend(
+                s.string_data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes())),
+            );
             select_items(data, items, out);
             Ok(())
         }
         None if optional == Some(true) => Ok(()),
-        None => Err(VolumeError::SourceMissing { volume: volume.into(), kind: "Secret", name: name.into() }),
+        None => Err(VolumeError::SourceMissing {
+            volume: volume.into(),
+            kind: "Secret",
+            name: name.into(),
+        }),
     }
 }
 
@@ -270,6 +396,8 @@ pub async fn request_token(
         },
         ..Default::default()
     };
-    let resp = api.create_token_request(&sa, &PostParams::default(), &req).await?;
+    let resp = api
+        .create_token_request(&sa, &PostParams::default(), &req)
+        .await?;
     Ok(resp.status.map(|s| s.token).unwrap_or_default())
 }
