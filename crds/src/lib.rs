@@ -1,7 +1,17 @@
 //! The `StreamApp` API shared by the operator and the worker.
 //!
 //! This crate owns the types, the Kafka naming rules and the pure decision logic both
-//! sides must agree on. It must not perform I/O: no Kubernetes client, no Kafka client.
+//! sides must agree on (validation beyond the schema, the task model). It must not
+//! perform I/O: no Kubernetes client, no Kafka client.
+
+pub mod crd;
+pub mod duration;
+pub mod names;
+pub mod streamapp;
+pub mod validate;
+
+pub use names::{StoreName, TaskId};
+pub use streamapp::*;
 
 /// API group of every Oxbow resource.
 pub const API_GROUP: &str = "oxbow.dev";

@@ -11,7 +11,7 @@ if [[ -f "$libs/.complete" ]]; then exit 0; fi
 rm -rf "$libs"
 mkdir -p "$libs"
 log "resolving Apache Kafka $KAFKA_VERSION from Maven Central"
-mvn -B -q -f "$(dirname "$0")/kafka/pom.xml" \
+mvn -B -q -Dstyle.color=never -f "$(dirname "$0")/kafka/pom.xml" \
   -Dmaven.repo.local="$OXBOW_CACHE/maven" \
   -Dkafka.version="$KAFKA_VERSION" \
   dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" \

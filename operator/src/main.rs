@@ -1,9 +1,134 @@
-//! The Oxbow operator. Filled in by the operator issue; for now it only reports its version.
+//! `oxbow-operator`: `run` the controller, or print the `crd`.
 
-fn main() {
-    println!(
-        "oxbow-operator {} ({})",
-        env!("CARGO_PKG_VERSION"),
-        oxbow_crds::API_GROUP
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use oxbow_operator::build::BuildContext;
+use oxbow_operator::controller::{self, Context};
+use oxbow_operator::leader::LeaderElector;
+use warp::Filter;
+
+#[derive(Parser, Debug)]
+#[command(version, about = "The Oxbow operator: runs StreamApps on Kubernetes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Watch StreamApps and reconcile them.
+    Run(RunArgs),
+    /// Print the StreamApp CustomResourceDefinition (YAML).
+    Crd,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "OXBOW_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of /healthz and /metrics.
+    #[arg(long, env = "OXBOW_METRICS_ADDR", default_value = "0.0.0.0:8081")]
+    metrics_addr: SocketAddr,
+    /// Worker image for StreamApps that do not set spec.image.
+    #[arg(long, env = "OXBOW_WORKER_IMAGE", default_value = concat!("oxbow-worker:", env!("CARGO_PKG_VERSION")))]
+    worker_image: String,
+    /// Elect a leader on a Lease so only one replica reconciles.
+    #[arg(long, env = "OXBOW_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (default: the watched namespace, or POD_NAMESPACE).
+    #[arg(long, env = "OXBOW_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// How long deletion waits for Kafka cleanup before giving up and letting go.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    cleanup_timeout: Duration,
+    /// json (default) or text.
+    #[arg(long, env = "OXBOW_LOG_FORMAT", default_value = "json")]
+    log_format: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    oxbow_crds::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", oxbow_crds::crd::crd_yaml());
+            Ok(())
+        }
+        Command::Run(args) => run(args).await,
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube_runtime=warn,kube_client=warn".into());
+    if args.log_format == "text" {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    }
+    let client = kube::Client::try_default()
+        .await
+        .context("failed to connect to the Kubernetes API")?;
+    let identity = std::env::var("POD_NAME")
+        .unwrap_or_else(|_| format!("oxbow-operator-{}", std::process::id()));
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        BuildContext {
+            default_image: args.worker_image.clone(),
+        },
+        args.cleanup_timeout,
+        &identity,
+    ));
+
+    let metrics = ctx.metrics.clone();
+    let healthz = warp::path("healthz").map(|| "ok");
+    let metrics_route = warp::path("metrics").map(move || {
+        warp::reply::with_header(
+            metrics.encode(),
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    });
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("failed to listen on {}", args.metrics_addr))?;
+    tracing::info!(addr = %args.metrics_addr, "serving /healthz and /metrics");
+    tokio::spawn(
+        warp::serve(healthz.or(metrics_route))
+            .incoming(listener)
+            .run(),
     );
+
+    if args.leader_election {
+        let lease_ns = args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| args.namespace.clone())
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".into());
+        let elector = LeaderElector::new(client.clone(), &lease_ns, "oxbow-operator", &identity);
+        elector.acquire().await?;
+        tokio::select! {
+            _ = controller::run(ctx, args.namespace.clone()) => {}
+            lost = elector.hold() => {
+                tracing::error!(error = %lost, "stopping: leadership lost");
+                anyhow::bail!("{lost}");
+            }
+        }
+    } else {
+        controller::run(ctx, args.namespace.clone()).await;
+    }
+    Ok(())
 }

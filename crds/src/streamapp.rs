@@ -1,0 +1,628 @@
+//! The `StreamApp` custom resource (`oxbow.dev/v1alpha1`).
+//!
+//! Field docs become the CRD's descriptions (`kubectl explain streamapp.spec`). Every
+//! check the API server can make lives in the schema (OpenAPI constraints and CEL rules
+//! with messages); checks that need more than the object (CEL expression syntax, topic
+//! partition counts) live in [`crate::validate`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A stateful stream application: Kafka in, steps with RocksDB state, Kafka out.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "oxbow.dev",
+    version = "v1alpha1",
+    kind = "StreamApp",
+    doc = "A StreamApp runs a stateful stream application: Kafka in, steps with RocksDB state, Kafka out.",
+    plural = "streamapps",
+    shortname = "sapp",
+    namespaced,
+    status = "StreamAppStatus",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Restored","type":"string","jsonPath":".status.restoration.percent"}"#,
+    printcolumn = r#"{"name":"Lag","type":"integer","jsonPath":".status.lag","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.replicas == 0 || self.standbyReplicas < self.replicas").message("standbyReplicas must be less than replicas: a standby needs a pod other than its active's"))]
+#[x_kube(validation = Rule::new("has(oldSelf.applicationId) == has(self.applicationId) && (!has(self.applicationId) || self.applicationId == oldSelf.applicationId)").message("applicationId is immutable: it names the consumer group, the changelog topics and the transactional ids; create a new StreamApp instead"))]
+#[x_kube(validation = Rule::new("self.errors.policy != 'deadLetter' || !has(self.errors.topic) || !self.source.topics.exists(t, t == self.errors.topic)").message("errors.topic must not be a source topic: dead letters would be read back as input"))]
+#[x_kube(validation = Rule::new("!has(self.sink) || !self.source.topics.exists(t, t == self.sink.topic)").message("sink.topic must not be a source topic: output would be read back as input"))]
+pub struct StreamAppSpec {
+    /// Worker pods. Tasks (source partitions) are spread over them; 0 stops processing
+    /// and keeps state. `kubectl scale` and HPAs act on this field.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+
+    /// Worker image. Defaults to the worker image released with the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// Names the consumer group, the changelog topics (`<applicationId>-<store>-changelog`)
+    /// and the transactional ids (`<applicationId>-<task>`). Defaults to metadata.name.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 200))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 200").message("applicationId may use letters, digits, '.', '_' and '-' (at most 200): it becomes part of Kafka topic names"))]
+    pub application_id: Option<String>,
+
+    /// How to reach Kafka.
+    pub kafka: KafkaSpec,
+
+    /// `exactly_once`: output, changelog and offsets commit in one Kafka transaction per
+    /// task. `at_least_once`: flush, then commit offsets; faster, may repeat output.
+    #[serde(default)]
+    pub processing_guarantee: ProcessingGuarantee,
+
+    /// How often each task commits (a transaction under exactly-once).
+    #[serde(default = "default_commit_interval")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("commitInterval must be a duration such as 100ms, 30s, 5m, 24h or 1d"))]
+    pub commit_interval: String,
+
+    /// Standby copies of each task's state on other pods, fed from the changelog, so a
+    /// failover does not wait for a full restore. Must be less than replicas.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 10))]
+    pub standby_replicas: i32,
+
+    /// The input topics. With more than one they must have the same partition count
+    /// (co-partitioned): partition N of every topic is task N.
+    pub source: SourceSpec,
+
+    /// The processing steps, applied in order to each record.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub steps: Vec<Step>,
+
+    /// Where results go. Without a sink the app only builds queryable state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink: Option<SinkSpec>,
+
+    /// What happens to a record that cannot be deserialized or fails a step.
+    #[serde(default)]
+    pub errors: ErrorsSpec,
+
+    /// Per-store settings, keyed by store name. Changelog settings default sensibly.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub stores: BTreeMap<String, StoreSpec>,
+
+    /// `Report`: topic config that differs from what the spec wants is reported in
+    /// status.topics. `Enforce`: it is also corrected.
+    #[serde(default)]
+    pub drift_policy: DriftPolicy,
+
+    /// The persistent volume each worker keeps its RocksDB state on.
+    #[serde(default)]
+    pub storage: StorageSpec,
+
+    /// What is kept when the StreamApp is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// Compute resources of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Additions to the worker pods: labels, annotations, scheduling, extra env.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplateOverrides>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+fn default_commit_interval() -> String {
+    "100ms".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KafkaSpec {
+    /// Comma-separated host:port list.
+    #[schemars(length(min = 1))]
+    pub bootstrap_servers: String,
+    /// librdkafka client properties passed through (e.g. `security.protocol`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// A Secret in the same namespace whose keys are librdkafka properties (SASL/TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct SecretRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ProcessingGuarantee {
+    #[default]
+    #[serde(rename = "exactly_once")]
+    ExactlyOnce,
+    #[serde(rename = "at_least_once")]
+    AtLeastOnce,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum RecordFormat {
+    #[default]
+    String,
+    Json,
+    Bytes,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSpec {
+    /// Input topics (co-partitioned when more than one).
+    #[schemars(length(min = 1, max = 16), inner(length(max = 249)))]
+    #[x_kube(validation = Rule::new("self.all(t, t.matches('^[a-zA-Z0-9._-]+$') && size(t) <= 249)").message("source topic names may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topics: Vec<String>,
+    #[serde(default)]
+    pub key_format: RecordFormat,
+    #[serde(default = "json_format")]
+    pub value_format: RecordFormat,
+    /// Event time: a CEL expression over `key` and `value` giving epoch milliseconds or an
+    /// RFC 3339 string (e.g. `value.ts`). Default: the Kafka record timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+fn json_format() -> RecordFormat {
+    RecordFormat::Json
+}
+
+/// One processing step: set exactly one of the step kinds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.filter) ? 1 : 0) + (has(self.map) ? 1 : 0) + (has(self.flatMap) ? 1 : 0) + (has(self.dedupe) ? 1 : 0) + (has(self.aggregate) ? 1 : 0) + (has(self.batch) ? 1 : 0) == 1").message("each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch"))]
+pub struct Step {
+    /// A name for this step in errors, metrics and dead-letter headers. Default: its kind
+    /// and position (`filter-2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Keep records for which the CEL expression is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<FilterStep>,
+    /// Replace key and/or value with CEL expressions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapStep>,
+    /// Emit zero or more records from a CEL expression returning a list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flat_map: Option<FlatMapStep>,
+    /// Pass the first occurrence of an id within a time span; drop repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<DedupeStep>,
+    /// Windowed or running aggregation per group key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<AggregateStep>,
+    /// Group records into batches every consumer sees identically.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchStep>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct FilterStep {
+    /// CEL over `key` and `value`, returning bool.
+    #[schemars(length(min = 1))]
+    pub cel: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.key) || has(self.value)").message("map needs key, value or both"))]
+pub struct MapStep {
+    /// CEL returning the new key (a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// CEL returning the new value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct FlatMapStep {
+    /// CEL returning a list; each element becomes a record value.
+    #[schemars(length(min = 1))]
+    pub cel: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct DedupeStep {
+    /// The store holding the ids seen.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("store names are lowercase letters, digits and '-' (at most 63): they become part of topic names"))]
+    pub store: String,
+    /// CEL returning the id to deduplicate on.
+    #[schemars(length(min = 1))]
+    pub id: String,
+    /// How long an id is remembered.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("within must be a duration such as 10m, 24h or 7d"))]
+    pub within: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregateStep {
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("store names are lowercase letters, digits and '-' (at most 63): they become part of topic names"))]
+    pub store: String,
+    /// CEL returning the group key (a string).
+    #[schemars(length(min = 1))]
+    pub group_by: String,
+    /// Without a window the aggregate runs forever per key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowSpec>,
+    /// Output fields, each one aggregation.
+    #[schemars(extend("minProperties" = 1, "maxProperties" = 16))]
+    pub fields: BTreeMap<String, AggregateField>,
+    /// `onUpdate`: a record per change. `onWindowClose`: one final record per key and
+    /// window once stream time passes the window end plus grace.
+    #[serde(default)]
+    pub emit: Emit,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Emit {
+    #[default]
+    OnUpdate,
+    OnWindowClose,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("(has(self.tumbling) ? 1 : 0) + (has(self.hopping) ? 1 : 0) + (has(self.session) ? 1 : 0) == 1").message("a window is exactly one of tumbling, hopping or session"))]
+pub struct WindowSpec {
+    /// Fixed, non-overlapping windows of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("tumbling must be a duration such as 10m"))]
+    pub tumbling: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopping: Option<HoppingWindow>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionWindow>,
+    /// How late a record may arrive and still count. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("grace must be a duration such as 1m"))]
+    pub grace: Option<String>,
+    /// How long closed windows stay queryable. Default: window size plus grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("retention must be a duration such as 1d"))]
+    pub retention: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct HoppingWindow {
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("hopping.size must be a duration such as 10m"))]
+    pub size: String,
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("hopping.advance must be a duration such as 1m"))]
+    pub advance: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SessionWindow {
+    /// A session closes after this much inactivity.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("session.gap must be a duration such as 5m"))]
+    pub gap: String,
+}
+
+/// One aggregation: set exactly one of count, sum, min, max, avg, last.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("(has(self.count) ? 1 : 0) + (has(self.sum) ? 1 : 0) + (has(self.min) ? 1 : 0) + (has(self.max) ? 1 : 0) + (has(self.avg) ? 1 : 0) + (has(self.last) ? 1 : 0) == 1").message("each aggregate field is exactly one of count, sum, min, max, avg or last"))]
+pub struct AggregateField {
+    /// Number of records: `count: {}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<CountAggregation>,
+    /// CEL returning a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg: Option<String>,
+    /// CEL returning any value; the latest wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+pub struct CountAggregation {}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchStep {
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("store names are lowercase letters, digits and '-' (at most 63): they become part of topic names"))]
+    pub store: String,
+    /// Records per batch.
+    #[schemars(range(min = 1, max = 100000))]
+    pub size: i32,
+    /// Emit a partial batch after this long without filling it.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("maxWait must be a duration such as 5s"))]
+    pub max_wait: String,
+    /// CEL returning a key: one open batch per key. Default: one per partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_by: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SinkSpec {
+    #[schemars(length(max = 249))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("sink.topic may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topic: String,
+    /// CEL returning the output key. Default: the record's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// CEL returning the output value. Default: the record's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ErrorPolicy {
+    /// Write the original record with error headers to the dead-letter topic, go on.
+    #[default]
+    DeadLetter,
+    /// Count and log the failure, go on.
+    Skip,
+    /// Stop the task and report the failure; the record is retried after a restart.
+    Fail,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ErrorsSpec {
+    /// deadLetter (default), skip or fail.
+    #[serde(default)]
+    pub policy: ErrorPolicy,
+    /// Dead-letter topic. Default `<applicationId>-dlq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 249))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("errors.topic may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topic: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+pub struct StoreSpec {
+    #[serde(default)]
+    pub changelog: ChangelogSpec,
+}
+
+/// Settings of a store's compacted changelog topic.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.minInsyncReplicas) || !has(self.replicationFactor) || self.minInsyncReplicas <= self.replicationFactor").message("minInsyncReplicas must not exceed replicationFactor, or no write could ever succeed"))]
+pub struct ChangelogSpec {
+    /// `min.cleanable.dirty.ratio`: how much of the log may be superseded before the
+    /// cleaner compacts it. Lower keeps restores short. Default 0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_cleanable_dirty_ratio: Option<f64>,
+    /// `segment.ms`: the active segment is never compacted; rolling it often keeps the
+    /// uncompacted tail (and restores) short. Default 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("segment must be a duration such as 1h or 1d"))]
+    pub segment: Option<String>,
+    /// Default: the broker's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub replication_factor: Option<i32>,
+    /// Default: the broker's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub min_insync_replicas: Option<i32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum DriftPolicy {
+    #[default]
+    Report,
+    Enforce,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Volume size per worker pod, e.g. 10Gi.
+    #[serde(default = "default_storage_size")]
+    pub size: String,
+    /// Default: the cluster's default StorageClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        Self {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+fn default_storage_size() -> String {
+    "1Gi".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum Retention {
+    #[default]
+    Retain,
+    Delete,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletionPolicy {
+    /// Changelog and dead-letter topics (source and sink topics are never touched).
+    #[serde(default)]
+    pub topics: Retention,
+    /// The workers' state volumes.
+    #[serde(default)]
+    pub volumes: Retention,
+    /// The consumer group (committed offsets).
+    #[serde(default)]
+    pub consumer_group: Retention,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateOverrides {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub termination_grace_period_seconds: Option<i64>,
+    /// Extra environment for the worker container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+}
+
+/// Observed state. The operator writes everything but `instances`, whose entries each
+/// worker pod writes itself.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamAppStatus {
+    /// The generation the operator last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Reconciling, Stalled (kstatus) and the detail conditions TopicsReady,
+    /// WorkloadReady, Restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Pending, Provisioning, Restoring, Running, Degraded or Failed: for humans; tools
+    /// should read conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Worker pods that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Worker pods that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Label selector of the worker pods (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Tasks: the partition count of the source topics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<i32>,
+    /// Summed consumer lag over all active tasks, from the workers' reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoration: Option<RestorationStatus>,
+    /// One entry per worker pod, written by that pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["pod".into()]))]
+    pub instances: Vec<InstanceStatus>,
+    /// The changelog and dead-letter topics and how they compare with the spec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub topics: Vec<TopicStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Provisioning,
+    Restoring,
+    Running,
+    Degraded,
+    Failed,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestorationStatus {
+    pub restored_records: i64,
+    pub total_records: i64,
+    /// e.g. "87%", for the printer column.
+    pub percent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records_per_second: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
+    pub tasks_restoring: i32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    pub pod: String,
+    /// Starting, Restoring, Running, Stopping or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// host:port for queries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_tasks: Vec<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby_tasks: Vec<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_remaining: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_rate: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicStatus {
+    pub name: String,
+    /// changelog, deadLetter or source.
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    #[serde(default)]
+    pub partitions: i32,
+    /// Exists with the wanted partitions and config.
+    pub ready: bool,
+    /// Settings that differ from the spec, as `key: actual (want wanted)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,420 @@
+//! Every child object of a StreamApp, built from the spec alone.
+//!
+//! Pure: no I/O, no clock. The same spec always yields the same objects, so applying
+//! them with server-side apply is idempotent and a hand-edited child is put back. This
+//! module owns the shape of the children; it must not decide when or whether to apply.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::{Resource, ResourceExt};
+use oxbow_crds::{Retention, StreamApp};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The worker's HTTP port (queries, health, metrics).
+pub const HTTP_PORT: i32 = 8080;
+pub const CONFIG_MOUNT: &str = "/etc/oxbow";
+pub const CONFIG_FILE: &str = "streamapp.yaml";
+pub const STATE_MOUNT: &str = "/var/lib/oxbow";
+pub const STATE_VOLUME: &str = "state";
+pub const CONFIG_HASH_ANNOTATION: &str = "oxbow.dev/config-hash";
+/// Label on every child; `prune` finds leftovers by it.
+pub const APP_LABEL: &str = "oxbow.dev/streamapp";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("failed to build children: the StreamApp has no {0}")]
+    MissingMetadata(&'static str),
+    #[error("failed to render the worker config: {0}")]
+    RenderConfig(#[from] serde_yaml::Error),
+    #[error("failed to build {kind}: {source}")]
+    Convert {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+}
+
+/// Facts the build needs that are not in the spec.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    /// Image when `spec.image` is unset: the worker released with this operator.
+    pub default_image: String,
+}
+
+/// Every child, in the order they are applied.
+#[derive(Debug, Clone)]
+pub struct Children {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub config_map: ConfigMap,
+    pub headless_service: Service,
+    pub client_service: Service,
+    pub stateful_set: StatefulSet,
+    pub pod_disruption_budget: PodDisruptionBudget,
+}
+
+pub fn labels(app: &StreamApp) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "oxbow-worker".into()),
+        ("app.kubernetes.io/instance".into(), app.name_any()),
+        ("app.kubernetes.io/component".into(), "worker".into()),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "oxbow-operator".into(),
+        ),
+        (APP_LABEL.into(), app.name_any()),
+    ])
+}
+
+/// The label selector of the worker pods (also reported for the scale subresource).
+pub fn selector_labels(app: &StreamApp) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (APP_LABEL.into(), app.name_any()),
+        ("app.kubernetes.io/component".into(), "worker".into()),
+    ])
+}
+
+pub fn selector_string(app: &StreamApp) -> String {
+    selector_labels(app)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The worker's configuration file: the StreamApp itself, as a user would write it
+/// (the worker reads the same manifest standalone), without server-managed fields.
+pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
+    let doc = json!({
+        "apiVersion": "oxbow.dev/v1alpha1",
+        "kind": "StreamApp",
+        "metadata": {"name": app.name_any(), "namespace": app.namespace()},
+        "spec": app.spec,
+    });
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+fn config_hash(data: &str) -> String {
+    let digest = Sha256::digest(data.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn convert<T: serde::de::DeserializeOwned>(kind: &'static str, v: Value) -> Result<T, BuildError> {
+    serde_json::from_value(v).map_err(|source| BuildError::Convert { kind, source })
+}
+
+pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError> {
+    let name = app.name_any();
+    let ns = app
+        .namespace()
+        .ok_or(BuildError::MissingMetadata("namespace"))?;
+    let owner = app
+        .controller_owner_ref(&())
+        .ok_or(BuildError::MissingMetadata("uid"))?;
+    let owner = serde_json::to_value(&owner).map_err(|source| BuildError::Convert {
+        kind: "OwnerReference",
+        source,
+    })?;
+    let labels = labels(app);
+    let meta = |obj_name: String| json!({"name": obj_name, "namespace": ns, "labels": labels, "ownerReferences": [owner]});
+    let spec = &app.spec;
+    let sa_name = app.service_account_name();
+
+    let service_account = convert(
+        "ServiceAccount",
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa_name.clone()),
+        }),
+    )?;
+    // Least privilege: a worker reads its own StreamApp and ConfigMaps and writes its own
+    // status entry; nothing else.
+    let role = convert(
+        "Role",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(sa_name.clone()),
+            "rules": [
+                {"apiGroups": ["oxbow.dev"], "resources": ["streamapps"], "resourceNames": [name], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["oxbow.dev"], "resources": ["streamapps/status"], "resourceNames": [name], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["configmaps"],
+                 "resourceNames": [app.config_map_name(), app.assignment_config_map_name()], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+            ],
+        }),
+    )?;
+    let role_binding = convert(
+        "RoleBinding",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(sa_name.clone()),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa_name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}],
+        }),
+    )?;
+
+    let config = render_config(app)?;
+    let hash = config_hash(&config);
+    let config_map = convert(
+        "ConfigMap",
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(app.config_map_name()),
+            "data": {CONFIG_FILE: config},
+        }),
+    )?;
+
+    let selector = selector_labels(app);
+    let port = json!({"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"});
+    let headless_service = convert(
+        "Service",
+        json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": meta(app.headless_service_name()),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": true, "selector": selector, "ports": [port]},
+        }),
+    )?;
+    let client_service = convert(
+        "Service",
+        json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": meta(app.client_service_name()),
+            "spec": {"type": "ClusterIP", "selector": selector, "ports": [port]},
+        }),
+    )?;
+
+    let overrides = spec.pod_template.clone().unwrap_or_default();
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(labels.clone());
+    let mut pod_annotations = overrides.annotations.clone();
+    pod_annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash);
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let mut env = vec![
+        json!({"name": "POD_NAME", "valueFrom": field("metadata.name")}),
+        json!({"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")}),
+        json!({"name": "POD_IP", "valueFrom": field("status.podIP")}),
+        json!({"name": "OXBOW_STREAMAPP", "value": name}),
+    ];
+    env.extend(
+        overrides
+            .env
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap_or(Value::Null)),
+    );
+    let mut container = json!({
+        "name": "worker",
+        "image": spec.image.clone().unwrap_or_else(|| cx.default_image.clone()),
+        "args": ["run", "--config", format!("{CONFIG_MOUNT}/{CONFIG_FILE}"), "--state-dir", STATE_MOUNT,
+                 "--listen", format!("$(POD_IP):{HTTP_PORT}")],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        // Ready only when every active task is restored and running: a rolling update
+        // waits for each pod's restore before touching the next.
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 2, "failureThreshold": 3},
+        // /healthz answers while restoring; only a wedged process fails it.
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true},
+            {"name": STATE_VOLUME, "mountPath": STATE_MOUNT},
+        ],
+        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                            "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
+    });
+    if let Some(r) = &spec.resources {
+        container["resources"] = serde_json::to_value(r).unwrap_or(Value::Null);
+    }
+    let mut pod_spec = json!({
+        "serviceAccountName": sa_name,
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+        "terminationGracePeriodSeconds": overrides.termination_grace_period_seconds.unwrap_or(60),
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": app.config_map_name()}}],
+    });
+    if !overrides.node_selector.is_empty() {
+        pod_spec["nodeSelector"] = json!(overrides.node_selector);
+    }
+    if !overrides.tolerations.is_empty() {
+        pod_spec["tolerations"] =
+            serde_json::to_value(&overrides.tolerations).unwrap_or(Value::Null);
+    }
+    if let Some(a) = &overrides.affinity {
+        pod_spec["affinity"] = serde_json::to_value(a).unwrap_or(Value::Null);
+    }
+    if let Some(p) = &overrides.priority_class_name {
+        pod_spec["priorityClassName"] = json!(p);
+    }
+    let mut claim_spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": spec.storage.size}}});
+    if let Some(class) = &spec.storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    let when_deleted = match spec.deletion_policy.volumes {
+        Retention::Retain => "Retain",
+        Retention::Delete => "Delete",
+    };
+    let stateful_set = convert(
+        "StatefulSet",
+        json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(app.worker_name()),
+            "spec": {
+                "replicas": spec.replicas,
+                "serviceName": app.headless_service_name(),
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": selector},
+                "updateStrategy": {"type": "RollingUpdate"},
+                // Scaling in keeps volumes so a later scale-out finds its state again.
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": when_deleted, "whenScaled": "Retain"},
+                "template": {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": pod_spec},
+                "volumeClaimTemplates": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                          "metadata": {"name": STATE_VOLUME, "labels": labels}, "spec": claim_spec}],
+            },
+        }),
+    )?;
+    let pod_disruption_budget = convert(
+        "PodDisruptionBudget",
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta(app.worker_name()),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        }),
+    )?;
+    Ok(Children {
+        service_account,
+        role,
+        role_binding,
+        config_map,
+        headless_service,
+        client_service,
+        stateful_set,
+        pod_disruption_budget,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(extra: &str) -> StreamApp {
+        let yaml = format!(
+            r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: fraud, namespace: risk, uid: 0000-1111}}
+spec:
+  replicas: 3
+  kafka: {{bootstrapServers: "127.0.0.1:9092"}}
+  source: {{topics: [payments]}}
+  steps:
+  - dedupe: {{store: seen, id: value.txId, within: 24h}}
+{extra}"#
+        );
+        serde_yaml::from_str(&yaml).expect("valid manifest")
+    }
+
+    fn cx() -> BuildContext {
+        BuildContext {
+            default_image: "oxbow-worker:0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn statefulset_carries_storage_probes_env_and_retention() {
+        let a = app(
+            "  storage: {size: 5Gi, storageClassName: fast}\n  deletionPolicy: {volumes: Delete}\n",
+        );
+        let c = build(&a, &cx()).expect("builds");
+        let sts = serde_json::to_value(&c.stateful_set).expect("json");
+        let spec = &sts["spec"];
+        assert_eq!(spec["replicas"], 3);
+        assert_eq!(spec["podManagementPolicy"], "Parallel");
+        assert_eq!(spec["serviceName"], "fraud-workers");
+        assert_eq!(
+            spec["persistentVolumeClaimRetentionPolicy"],
+            json!({"whenDeleted": "Delete", "whenScaled": "Retain"})
+        );
+        let claim = &spec["volumeClaimTemplates"][0]["spec"];
+        assert_eq!(claim["resources"]["requests"]["storage"], "5Gi");
+        assert_eq!(claim["storageClassName"], "fast");
+        let ctr = &spec["template"]["spec"]["containers"][0];
+        assert_eq!(ctr["image"], "oxbow-worker:0.1.0");
+        assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(ctr["livenessProbe"]["httpGet"]["path"], "/healthz");
+        let env: Vec<&str> = ctr["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert!(
+            env.contains(&"POD_NAME") && env.contains(&"POD_IP"),
+            "{env:?}"
+        );
+        assert_eq!(
+            spec["template"]["spec"]["serviceAccountName"],
+            "fraud-worker"
+        );
+        assert_eq!(sts["metadata"]["ownerReferences"][0]["kind"], "StreamApp");
+        assert_eq!(sts["metadata"]["ownerReferences"][0]["controller"], true);
+    }
+
+    #[test]
+    fn a_spec_change_changes_the_config_hash_on_the_pod_template() {
+        let hash = |a: &StreamApp| {
+            let c = build(a, &cx()).expect("builds");
+            c.stateful_set
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+                .expect("hash")
+        };
+        let a = app("");
+        assert_eq!(hash(&a), hash(&a.clone()), "same spec, same hash");
+        assert_ne!(
+            hash(&a),
+            hash(&app("  commitInterval: 1s\n")),
+            "a config change rolls the pods"
+        );
+    }
+
+    #[test]
+    fn worker_role_is_limited_to_its_own_objects() {
+        let c = build(&app(""), &cx()).expect("builds");
+        let rules = serde_json::to_value(&c.role.rules).expect("json");
+        assert_eq!(rules[0]["resourceNames"], json!(["fraud"]));
+        assert_eq!(rules[1]["resources"], json!(["streamapps/status"]));
+        assert_eq!(
+            rules[2]["resourceNames"],
+            json!(["fraud-config", "fraud-assignment"])
+        );
+        for r in rules.as_array().expect("rules") {
+            assert!(
+                !r["verbs"]
+                    .as_array()
+                    .expect("verbs")
+                    .iter()
+                    .any(|v| v == "delete" || v == "*"),
+                "{r}"
+            );
+        }
+    }
+
+    #[test]
+    fn pod_template_overrides_add_labels_env_and_scheduling() {
+        let a = app(
+            "  podTemplate:\n    labels: {team: risk}\n    nodeSelector: {disk: ssd}\n    env: [{name: EXTRA, value: x}]\n",
+        );
+        let c = build(&a, &cx()).expect("builds");
+        let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
+        assert_eq!(t["metadata"]["labels"]["team"], "risk");
+        assert_eq!(
+            t["metadata"]["labels"][APP_LABEL], "fraud",
+            "own labels win"
+        );
+        assert_eq!(t["spec"]["nodeSelector"]["disk"], "ssd");
+        assert!(
+            t["spec"]["containers"][0]["env"]
+                .as_array()
+                .expect("env")
+                .iter()
+                .any(|e| e["name"] == "EXTRA")
+        );
+    }
+}

@@ -1,0 +1,722 @@
+//! The StreamApp controller: a thin `reconcile` (span, metrics timer, finalizer) around
+//! [`apply`] and [`cleanup`], which run in steps: dereference (reads) → validate (pure)
+//! → build (pure) → apply children and topics (writes, in a commented order) → status.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use oxbow_crds::validate::{task_count, validate_spec};
+use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::build::{self, APP_LABEL, BuildContext, BuildError, Children};
+use crate::metrics::Metrics;
+use crate::status::{self, StatusInput, Verdict, WorkloadFacts};
+use crate::topics::{self, KafkaAdmin, TopicAction, TopicError};
+
+pub const FINALIZER: &str = "oxbow.dev/cleanup";
+pub const FIELD_MANAGER: &str = "oxbow-operator";
+
+/// Errors of one reconciliation. The variant name is the metric label and event reason.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to apply {kind} {name}: {source}")]
+    ApplyChild {
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("failed to read {what}: {source}")]
+    ReadCluster { what: String, source: kube::Error },
+    #[error("failed to prune {kind} {name}: {source}")]
+    PruneChild {
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("failed to write status: {0}")]
+    WriteStatus(kube::Error),
+    #[error(transparent)]
+    BuildChildren(#[from] BuildError),
+    #[error(transparent)]
+    Topics(#[from] TopicError),
+    #[error("failed to clean up before deletion: {0}")]
+    Cleanup(String),
+    #[error("failed to run the finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::ApplyChild { .. } => "ApplyChild",
+            Error::ReadCluster { .. } => "ReadCluster",
+            Error::PruneChild { .. } => "PruneChild",
+            Error::WriteStatus(_) => "WriteStatus",
+            Error::BuildChildren(_) => "BuildChildren",
+            Error::Topics(TopicError::KafkaUnreachable { .. }) => "KafkaUnreachable",
+            Error::Topics(_) => "Topics",
+            Error::Cleanup(_) => "Cleanup",
+            Error::Finalizer(_) => "Finalizer",
+        }
+    }
+}
+
+pub struct Context {
+    pub client: kube::Client,
+    pub metrics: Arc<Metrics>,
+    pub build: BuildContext,
+    pub recorder: Recorder,
+    /// How long deletion may wait for Kafka cleanup before letting go.
+    pub cleanup_timeout: Duration,
+    admins: Mutex<HashMap<String, Arc<KafkaAdmin>>>,
+    failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        build: BuildContext,
+        cleanup_timeout: Duration,
+        identity: &str,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "oxbow-operator".into(),
+            instance: Some(identity.into()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics: Arc::new(Metrics::default()),
+            build,
+            cleanup_timeout,
+            admins: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+
+    /// One admin client per Kafka cluster and client configuration, reused.
+    fn admin(&self, app: &StreamApp) -> Result<Arc<KafkaAdmin>, TopicError> {
+        let k = &app.spec.kafka;
+        let key = format!("{}|{:?}", k.bootstrap_servers, k.properties);
+        let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = admins.get(&key) {
+            return Ok(a.clone());
+        }
+        let a = Arc::new(KafkaAdmin::new(&k.bootstrap_servers, &k.properties)?);
+        admins.insert(key, a.clone());
+        Ok(a)
+    }
+
+    async fn event(&self, app: &StreamApp, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &app.object_ref(&())).await {
+            tracing::warn!(error = %e, "failed to publish event");
+        }
+    }
+}
+
+/// Thin: span, metrics timer, finalizer.
+#[tracing::instrument(skip_all, fields(streamapp = %app.name_any(), namespace = ?app.namespace()))]
+pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.start();
+    let ns = app.namespace().unwrap_or_default();
+    let api: Api<StreamApp> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, app.clone(), |event| async {
+        match event {
+            Finalizer::Apply(app) => apply(&app, &ctx).await,
+            Finalizer::Cleanup(app) => cleanup(&app, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ObjectRef::from_obj(&*app));
+    }
+    result
+}
+
+/// Transient errors requeue with exponential back-off per object (5 s … 5 min).
+pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(err.metric_label());
+    let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+    let n = failures.entry(ObjectRef::from_obj(&*app)).or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = Duration::from_secs(5u64.saturating_mul(1u64 << (*n - 1).min(6)))
+        .min(Duration::from_secs(300));
+    tracing::warn!(streamapp = %app.name_any(), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn ssa<K>(client: &kube::Client, ns: &str, obj: &K) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + serde::Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let mut v = serde_json::to_value(obj).map_err(|e| Error::ApplyChild {
+        kind: short_kind::<K>(),
+        name: name.clone(),
+        source: kube::Error::SerdeError(e),
+    })?;
+    v["apiVersion"] = json!(K::api_version(&()));
+    v["kind"] = json!(K::kind(&()));
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(v),
+    )
+    .await
+    .map_err(|source| Error::ApplyChild {
+        kind: short_kind::<K>(),
+        name,
+        source,
+    })?;
+    Ok(())
+}
+
+fn short_kind<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()).as_ref() {
+        "ServiceAccount" => "ServiceAccount",
+        "Role" => "Role",
+        "RoleBinding" => "RoleBinding",
+        "ConfigMap" => "ConfigMap",
+        "Service" => "Service",
+        "StatefulSet" => "StatefulSet",
+        "PodDisruptionBudget" => "PodDisruptionBudget",
+        _ => "object",
+    }
+}
+
+/// Applies every child in dependency order, then removes the ones no longer wanted.
+async fn apply_children(
+    app: &StreamApp,
+    ns: &str,
+    c: &Children,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let client = &ctx.client;
+    // 1. Identity first, so pods never start without their ServiceAccount and RBAC.
+    ssa(client, ns, &c.service_account).await?;
+    ssa(client, ns, &c.role).await?;
+    ssa(client, ns, &c.role_binding).await?;
+    // 2. Config before the pods that mount it.
+    ssa(client, ns, &c.config_map).await?;
+    // 3. Services: the StatefulSet's serviceName must exist for stable pod identities.
+    ssa(client, ns, &c.headless_service).await?;
+    ssa(client, ns, &c.client_service).await?;
+    // 4. The workload.
+    ssa(client, ns, &c.stateful_set).await?;
+    // 5. Disruption budget: only meaningful with more than one worker; removed otherwise.
+    if app.spec.replicas > 1 {
+        ssa(client, ns, &c.pod_disruption_budget).await?;
+    } else {
+        prune::<PodDisruptionBudget>(client, ns, app, &[]).await?;
+    }
+    Ok(())
+}
+
+/// Deletes objects of kind K labelled as this app's children whose names are not wanted.
+async fn prune<K>(
+    client: &kube::Client,
+    ns: &str,
+    app: &StreamApp,
+    keep: &[String],
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("{APP_LABEL}={}", app.name_any()));
+    let list = api.list(&lp).await.map_err(|source| Error::ReadCluster {
+        what: short_kind::<K>().into(),
+        source,
+    })?;
+    let uid = app.uid().unwrap_or_default();
+    for obj in list.items {
+        let name = obj.meta().name.clone().unwrap_or_default();
+        let owned = obj
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid);
+        if owned && !keep.contains(&name) {
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    tracing::info!(kind = short_kind::<K>(), %name, "pruned child no longer wanted")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => {
+                    return Err(Error::PruneChild {
+                        kind: short_kind::<K>(),
+                        name,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Topics: create what is missing, grow partitions, correct or report drift.
+async fn reconcile_topics(
+    app: &StreamApp,
+    admin: &KafkaAdmin,
+    tasks: i32,
+    ctx: &Context,
+) -> Result<Vec<TopicStatus>, Error> {
+    let wanted = topics::wanted_topics(app, tasks);
+    let actual = admin.describe(&wanted).await?;
+    let mut statuses = Vec::new();
+    for w in &wanted {
+        let a = actual.get(&w.name);
+        let plan = topics::plan(w, a, app.spec.drift_policy);
+        let mut st = topics::topic_status(w, a, &plan);
+        for action in &plan.actions {
+            match action {
+                TopicAction::None => {}
+                TopicAction::Create => {
+                    admin.create(w).await?;
+                    st.message = Some("created".into());
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        "TopicCreated",
+                        format!("created topic {} with {} partitions", w.name, w.partitions),
+                    )
+                    .await;
+                }
+                TopicAction::AddPartitions(n) => {
+                    admin.add_partitions(&w.name, *n).await?;
+                    st.message = Some(format!("grown to {n} partitions"));
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        "TopicPartitionsAdded",
+                        format!("topic {} grown to {n} partitions", w.name),
+                    )
+                    .await;
+                }
+                TopicAction::AlterConfigs(cfg) => {
+                    admin.alter_configs(&w.name, cfg).await?;
+                    let what = cfg
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    st.message = Some(format!("corrected {what}"));
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        "TopicConfigCorrected",
+                        format!("topic {}: set {what}", w.name),
+                    )
+                    .await;
+                }
+            }
+        }
+        statuses.push(st);
+    }
+    Ok(statuses)
+}
+
+fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>) -> WorkloadFacts {
+    let Some(sts) = sts else {
+        return WorkloadFacts {
+            want_replicas: app.spec.replicas,
+            ..Default::default()
+        };
+    };
+    let st = sts.status.clone().unwrap_or_default();
+    let generation_seen =
+        st.observed_generation.unwrap_or(0) >= sts.metadata.generation.unwrap_or(0);
+    let revisions_match =
+        st.current_revision.is_some() && st.current_revision == st.update_revision;
+    let spec_replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    WorkloadFacts {
+        exists: true,
+        want_replicas: app.spec.replicas,
+        replicas: st.replicas,
+        ready_replicas: st.ready_replicas.unwrap_or(0),
+        updated_replicas: st.updated_replicas.unwrap_or(0),
+        rolled_out: generation_seen && revisions_match && spec_replicas == app.spec.replicas,
+    }
+}
+
+/// Apply: the whole reconciliation of a live StreamApp. Idempotent.
+async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
+    let ns = app.namespace().unwrap_or_default();
+    let name = app.name_any();
+
+    // --- dereference: everything we need to read, before deciding anything.
+    let admin = ctx.admin(app)?;
+    let source_counts = admin.partition_counts(&app.spec.source.topics).await;
+    let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+
+    // --- validate (pure).
+    let spec_errors = validate_spec(&app.spec);
+    let mut kafka_error = None;
+    let mut source_problem = None;
+    let tasks = match source_counts {
+        Ok(counts) => match task_count(&counts) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                source_problem = Some(Verdict::stalled(e.reason(), e.to_string()));
+                None
+            }
+        },
+        Err(e) => {
+            kafka_error = Some(e);
+            None
+        }
+    };
+    let invalid = (!spec_errors.is_empty()).then(|| {
+        let reason = spec_errors[0].reason();
+        let msg = spec_errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        Verdict::stalled(reason, format!("invalid spec: {msg}"))
+    });
+
+    // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run.
+    if invalid.is_none() && source_problem.is_none() {
+        let children = build::build(app, &ctx.build)?;
+        apply_children(app, &ns, &children, ctx).await?;
+    }
+
+    // --- topics (only once the task count is known).
+    let mut topic_statuses = Vec::new();
+    let topics_verdict = if let Some(e) = &kafka_error {
+        Verdict::waiting("KafkaUnreachable", e.to_string())
+    } else if let Some(p) = &source_problem {
+        p.clone()
+    } else if invalid.is_some() {
+        Verdict::waiting(
+            "SpecInvalid",
+            "topics are not reconciled while the spec is invalid",
+        )
+    } else if let Some(tasks) = tasks {
+        match reconcile_topics(app, &admin, tasks, ctx).await {
+            Ok(s) => {
+                topic_statuses = s;
+                status::topics_verdict(&topic_statuses)
+            }
+            Err(Error::Topics(e)) => {
+                let v = Verdict::waiting("KafkaUnreachable", e.to_string());
+                kafka_error = Some(e);
+                v
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        Verdict::waiting("TasksUnknown", "source partition counts are not known yet")
+    };
+
+    // --- status.
+    let sts = sts_api
+        .get_opt(&name)
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "StatefulSet".into(),
+            source,
+        })?;
+    let facts = workload_facts(app, sts.as_ref());
+    let previous = app.status.clone().unwrap_or_default();
+    let (restoration, restored) = status::restoration(&previous.instances);
+    let input = StatusInput {
+        generation: app.metadata.generation,
+        invalid: invalid.clone(),
+        topics: topics_verdict,
+        workload: status::workload_verdict(&facts),
+        restored,
+        previous: &previous.conditions,
+        now: Timestamp::now(),
+    };
+    let (conditions, phase) = status::conditions(&input);
+    let ready = conditions
+        .iter()
+        .any(|c| c.type_ == status::READY && c.status == "True");
+    let was_ready = previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == status::READY && c.status == "True");
+    let stalled = conditions
+        .iter()
+        .find(|c| c.type_ == status::STALLED && c.status == "True")
+        .cloned();
+    let was_stalled_reason = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == status::STALLED && c.status == "True")
+        .map(|c| c.reason.clone());
+    let new_status = StreamAppStatus {
+        observed_generation: app.metadata.generation,
+        conditions,
+        phase: Some(phase),
+        replicas: facts.replicas,
+        ready_replicas: facts.ready_replicas,
+        selector: Some(build::selector_string(app)),
+        tasks,
+        lag: previous
+            .instances
+            .iter()
+            .filter_map(|i| i.lag)
+            .reduce(|a, b| a + b),
+        restoration,
+        instances: vec![],
+        topics: topic_statuses,
+    };
+    write_status(ctx, app, &new_status).await?;
+
+    // --- events for notable transitions.
+    if ready && !was_ready {
+        ctx.event(
+            app,
+            EventType::Normal,
+            "Ready",
+            "topics exist, every worker is ready and restored".into(),
+        )
+        .await;
+    } else if !ready && was_ready {
+        let why = new_status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == status::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        ctx.event(app, EventType::Warning, "NotReady", why).await;
+    }
+    if let Some(s) = &stalled
+        && was_stalled_reason.as_deref() != Some(s.reason.as_str())
+    {
+        ctx.event(app, EventType::Warning, &s.reason, s.message.clone())
+            .await;
+    }
+
+    if let Some(e) = kafka_error {
+        // Status says so; the error policy retries with back-off.
+        return Err(Error::Topics(e));
+    }
+    Ok(if invalid.is_some() {
+        // Only a spec change can fix it.
+        Action::await_change()
+    } else if source_problem.is_some() || stalled.is_some() {
+        // Someone may create or fix the topics: look again later.
+        Action::requeue(Duration::from_secs(30))
+    } else if !ready {
+        Action::requeue(Duration::from_secs(5))
+    } else {
+        Action::requeue(Duration::from_secs(300))
+    })
+}
+
+async fn write_status(
+    ctx: &Context,
+    app: &StreamApp,
+    status: &StreamAppStatus,
+) -> Result<(), Error> {
+    let api: Api<StreamApp> =
+        Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
+    let mut st =
+        serde_json::to_value(status).map_err(|e| Error::WriteStatus(kube::Error::SerdeError(e)))?;
+    // instances[] belongs to the workers (their own field manager): never send it.
+    if let Some(o) = st.as_object_mut() {
+        o.remove("instances");
+    }
+    let patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
+    api.patch_status(
+        &app.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(patch),
+    )
+    .await
+    .map_err(Error::WriteStatus)?;
+    Ok(())
+}
+
+/// Cleanup before deletion, per `deletionPolicy`, bounded by `cleanup_timeout`.
+async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
+    let policy = &app.spec.deletion_policy;
+    let mut work = Vec::new();
+    if policy.topics == Retention::Delete {
+        work.push("topics");
+    }
+    if policy.consumer_group == Retention::Delete {
+        work.push("consumer group");
+    }
+    if work.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let result: Result<(), TopicError> = async {
+        let admin = ctx.admin(app)?;
+        if policy.topics == Retention::Delete {
+            // Names only depend on the stores; the partition count does not matter here.
+            let names: Vec<String> = topics::wanted_topics(app, 1)
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            if !names.is_empty() {
+                admin.delete_topics(&names).await?;
+            }
+        }
+        if policy.consumer_group == Retention::Delete {
+            admin.delete_group(&app.consumer_group()).await?;
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            ctx.event(
+                app,
+                EventType::Normal,
+                "CleanedUp",
+                format!("deleted {} per deletionPolicy", work.join(" and ")),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            let deleting_since = app
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or_else(Timestamp::now);
+            let waited = Timestamp::now().duration_since(deleting_since);
+            if waited.as_secs() as u64 >= ctx.cleanup_timeout.as_secs() {
+                let msg = format!(
+                    "gave up deleting {} after {}s, letting the StreamApp go; remove them by hand: {e}",
+                    work.join(" and "),
+                    ctx.cleanup_timeout.as_secs()
+                );
+                ctx.event(app, EventType::Warning, "CleanupTimedOut", msg.clone())
+                    .await;
+                let mut st = app.status.clone().unwrap_or_default();
+                st.conditions.retain(|c| c.type_ != status::STALLED);
+                st.conditions
+                    .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                        type_: status::STALLED.into(),
+                        status: "True".into(),
+                        reason: "CleanupTimedOut".into(),
+                        message: msg,
+                        observed_generation: app.metadata.generation,
+                        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            Timestamp::now(),
+                        ),
+                    });
+                let _ = write_status(ctx, app, &st).await;
+                Ok(Action::await_change())
+            } else {
+                Err(Error::Cleanup(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Converts raw watch events to StreamApps, dropping (and logging) objects that do not
+/// deserialize, so one malformed object cannot stop the controller.
+fn typed(
+    ev: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Option<Result<watcher::Event<StreamApp>, watcher::Error>> {
+    let parse = |o: DynamicObject| {
+        let name = o.name_any();
+        let ns = o.namespace();
+        match o.try_parse::<StreamApp>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::error!(streamapp = %name, namespace = ?ns, error = %e, "skipping a StreamApp that does not deserialize");
+                None
+            }
+        }
+    };
+    Some(Ok(match ev {
+        Err(e) => return Some(Err(e)),
+        Ok(watcher::Event::Apply(o)) => watcher::Event::Apply(parse(o)?),
+        Ok(watcher::Event::InitApply(o)) => watcher::Event::InitApply(parse(o)?),
+        Ok(watcher::Event::Delete(o)) => watcher::Event::Delete(parse(o)?),
+        Ok(watcher::Event::Init) => watcher::Event::Init,
+        Ok(watcher::Event::InitDone) => watcher::Event::InitDone,
+    }))
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let client = ctx.client.clone();
+    let ar = ApiResource::erase::<StreamApp>(&());
+    let apps: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let (reader, writer) = reflector::store::<StreamApp>();
+    let stream = watcher(apps, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .filter_map(|ev| futures::future::ready(typed(ev)))
+        .reflect(writer)
+        .applied_objects();
+    let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=oxbow-operator");
+    macro_rules! api {
+        ($k:ty) => {
+            match &namespace {
+                Some(ns) => Api::<$k>::namespaced(client.clone(), ns),
+                None => Api::<$k>::all(client.clone()),
+            }
+        };
+    }
+    Controller::for_stream(stream, reader)
+        .owns(api!(StatefulSet), children.clone())
+        .owns(api!(ConfigMap), children.clone())
+        .owns(api!(Service), children.clone())
+        .owns(api!(ServiceAccount), children.clone())
+        .owns(api!(Role), children.clone())
+        .owns(api!(RoleBinding), children.clone())
+        .owns(api!(PodDisruptionBudget), children)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(streamapp = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}

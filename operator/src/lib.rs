@@ -1,0 +1,8 @@
+//! The Oxbow operator: turns `StreamApp`s into workers, topics and status.
+
+pub mod build;
+pub mod controller;
+pub mod leader;
+pub mod metrics;
+pub mod status;
+pub mod topics;

@@ -1,0 +1,523 @@
+//! Kafka topics a StreamApp needs: what is wanted (pure), how it compares with what
+//! exists (pure), and the admin client that reads and changes them (I/O).
+//!
+//! This module owns changelog and dead-letter topics only. Source and sink topics belong
+//! to the user: they are read (partition counts) but never created, altered or deleted.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oxbow_crds::duration::parse_duration;
+use oxbow_crds::validate::stores;
+use oxbow_crds::{DriftPolicy, StreamApp, TopicStatus};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,
+    TopicReplication,
+};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// Default `min.cleanable.dirty.ratio` of changelogs: compact early so restores read
+/// little more than one value per key (Kafka's 0.5 lets the log grow to twice that).
+pub const DEFAULT_DIRTY_RATIO: &str = "0.1";
+/// Default `segment.ms` of changelogs: the active segment is never compacted, so it is
+/// rolled hourly instead of weekly.
+pub const DEFAULT_SEGMENT_MS: u64 = 3_600_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    #[error("failed to reach Kafka at {bootstrap}: {source}")]
+    KafkaUnreachable {
+        bootstrap: String,
+        source: KafkaError,
+    },
+    #[error("failed to create topic {topic}: {source}")]
+    CreateTopic { topic: String, source: KafkaError },
+    #[error("failed to alter the config of topic {topic}: {source}")]
+    AlterTopicConfig { topic: String, source: KafkaError },
+    #[error("failed to add partitions to topic {topic}: {source}")]
+    AddPartitions { topic: String, source: KafkaError },
+    #[error("failed to delete topics {topics:?}: {source}")]
+    DeleteTopics {
+        topics: Vec<String>,
+        source: KafkaError,
+    },
+    #[error("failed to delete consumer group {group}: {source}")]
+    DeleteGroup { group: String, source: KafkaError },
+    #[error("failed to create a Kafka admin client: {0}")]
+    Client(KafkaError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Changelog,
+    DeadLetter,
+}
+
+impl Role {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Role::Changelog => "changelog",
+            Role::DeadLetter => "deadLetter",
+        }
+    }
+}
+
+/// A topic as the spec wants it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WantedTopic {
+    pub name: String,
+    pub role: Role,
+    pub store: Option<String>,
+    pub partitions: i32,
+    /// `None`: the broker's default.
+    pub replication_factor: Option<i32>,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// A topic as it exists.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ActualTopic {
+    pub partitions: i32,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// What to do about one topic.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TopicAction {
+    Create,
+    /// Grow to this many partitions (never shrink).
+    AddPartitions(i32),
+    AlterConfigs(BTreeMap<String, String>),
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicPlan {
+    pub actions: Vec<TopicAction>,
+    /// Differences the plan does not fix, as `key: actual (want wanted)`.
+    pub drift: Vec<String>,
+}
+
+pub fn wanted_topics(app: &StreamApp, tasks: i32) -> Vec<WantedTopic> {
+    let mut out = Vec::new();
+    for store in stores(&app.spec) {
+        let cfg = app
+            .spec
+            .stores
+            .get(&store.0)
+            .map(|s| s.changelog.clone())
+            .unwrap_or_default();
+        let segment_ms = cfg
+            .segment
+            .as_deref()
+            .and_then(|s| parse_duration(s).ok())
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(DEFAULT_SEGMENT_MS);
+        let mut configs = BTreeMap::from([
+            ("cleanup.policy".to_string(), "compact".to_string()),
+            (
+                "min.cleanable.dirty.ratio".to_string(),
+                cfg.min_cleanable_dirty_ratio
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|| DEFAULT_DIRTY_RATIO.into()),
+            ),
+            ("segment.ms".to_string(), segment_ms.to_string()),
+        ]);
+        if let Some(isr) = cfg.min_insync_replicas {
+            configs.insert("min.insync.replicas".into(), isr.to_string());
+        }
+        out.push(WantedTopic {
+            name: app.changelog_topic(&store),
+            role: Role::Changelog,
+            store: Some(store.0.clone()),
+            partitions: tasks,
+            replication_factor: cfg.replication_factor,
+            configs,
+        });
+    }
+    if let Some(dlq) = app.dead_letter_topic() {
+        out.push(WantedTopic {
+            name: dlq,
+            role: Role::DeadLetter,
+            store: None,
+            partitions: tasks,
+            replication_factor: None,
+            configs: BTreeMap::from([("cleanup.policy".to_string(), "delete".to_string())]),
+        });
+    }
+    out
+}
+
+fn same_value(a: &str, b: &str) -> bool {
+    a == b || matches!((a.parse::<f64>(), b.parse::<f64>()), (Ok(x), Ok(y)) if (x - y).abs() < 1e-9)
+}
+
+/// Compares one topic with what is wanted. Under `Enforce` config differences become an
+/// `AlterConfigs` action; under `Report` they are only listed. Partitions grow to the task
+/// count under either policy (workers cannot run without them) and never shrink.
+pub fn plan(wanted: &WantedTopic, actual: Option<&ActualTopic>, policy: DriftPolicy) -> TopicPlan {
+    let Some(actual) = actual else {
+        return TopicPlan {
+            actions: vec![TopicAction::Create],
+            drift: vec![],
+        };
+    };
+    let mut actions = Vec::new();
+    let mut drift = Vec::new();
+    if actual.partitions < wanted.partitions {
+        actions.push(TopicAction::AddPartitions(wanted.partitions));
+    } else if actual.partitions > wanted.partitions && wanted.role == Role::Changelog {
+        drift.push(format!(
+            "partitions: {} (want {}); partitions are never decreased, tasks beyond {} have no source partition",
+            actual.partitions, wanted.partitions, wanted.partitions
+        ));
+    }
+    let mut wrong = BTreeMap::new();
+    for (k, v) in &wanted.configs {
+        let have = actual
+            .configs
+            .get(k)
+            .map(String::as_str)
+            .unwrap_or("<unset>");
+        if !same_value(have, v) {
+            wrong.insert(k.clone(), v.clone());
+            if policy == DriftPolicy::Report {
+                drift.push(format!("{k}: {have} (want {v})"));
+            }
+        }
+    }
+    if !wrong.is_empty() && policy == DriftPolicy::Enforce {
+        actions.push(TopicAction::AlterConfigs(wrong));
+    }
+    if actions.is_empty() {
+        actions.push(TopicAction::None);
+    }
+    TopicPlan { actions, drift }
+}
+
+pub fn topic_status(
+    wanted: &WantedTopic,
+    actual: Option<&ActualTopic>,
+    plan: &TopicPlan,
+) -> TopicStatus {
+    let ready =
+        actual.is_some() && plan.drift.is_empty() && plan.actions == vec![TopicAction::None];
+    TopicStatus {
+        name: wanted.name.clone(),
+        role: wanted.role.as_str().into(),
+        store: wanted.store.clone(),
+        partitions: actual.map(|a| a.partitions).unwrap_or(0),
+        ready,
+        drift: plan.drift.clone(),
+        message: None,
+    }
+}
+
+/// rdkafka's admin client plus a metadata-only consumer, for one Kafka cluster.
+pub struct KafkaAdmin {
+    bootstrap: String,
+    admin: AdminClient<DefaultClientContext>,
+    metadata: BaseConsumer,
+    timeout: Duration,
+}
+
+impl KafkaAdmin {
+    pub fn new(bootstrap: &str, properties: &BTreeMap<String, String>) -> Result<Self, TopicError> {
+        let mut cfg = ClientConfig::new();
+        for (k, v) in properties {
+            cfg.set(k, v);
+        }
+        cfg.set("bootstrap.servers", bootstrap);
+        cfg.set("socket.timeout.ms", "10000");
+        let admin = cfg.create().map_err(TopicError::Client)?;
+        let metadata = cfg.create().map_err(TopicError::Client)?;
+        Ok(Self {
+            bootstrap: bootstrap.into(),
+            admin,
+            metadata,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    fn unreachable(&self, source: KafkaError) -> TopicError {
+        TopicError::KafkaUnreachable {
+            bootstrap: self.bootstrap.clone(),
+            source,
+        }
+    }
+
+    fn opts(&self) -> AdminOptions {
+        AdminOptions::new()
+            .request_timeout(Some(self.timeout))
+            .operation_timeout(Some(self.timeout))
+    }
+
+    /// Partition counts of `topics`; `None` for a topic that does not exist.
+    pub async fn partition_counts(
+        &self,
+        topics: &[String],
+    ) -> Result<BTreeMap<String, Option<i32>>, TopicError> {
+        let md = tokio::task::block_in_place(|| self.metadata.fetch_metadata(None, self.timeout))
+            .map_err(|e| self.unreachable(e))?;
+        let existing: BTreeMap<&str, i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| (t.name(), t.partitions().len() as i32))
+            .collect();
+        Ok(topics
+            .iter()
+            .map(|t| (t.clone(), existing.get(t.as_str()).copied()))
+            .collect())
+    }
+
+    /// Partitions and the configs named in `keys` of each topic that exists.
+    pub async fn describe(
+        &self,
+        wanted: &[WantedTopic],
+    ) -> Result<BTreeMap<String, ActualTopic>, TopicError> {
+        let names: Vec<String> = wanted.iter().map(|w| w.name.clone()).collect();
+        let counts = self.partition_counts(&names).await?;
+        let present: Vec<&String> = names
+            .iter()
+            .filter(|n| counts.get(*n).is_some_and(|c| c.is_some()))
+            .collect();
+        let mut out = BTreeMap::new();
+        if present.is_empty() {
+            return Ok(out);
+        }
+        let specs: Vec<ResourceSpecifier> = present
+            .iter()
+            .map(|n| ResourceSpecifier::Topic(n.as_str()))
+            .collect();
+        let results = self
+            .admin
+            .describe_configs(specs.iter(), &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        for (name, res) in present.iter().zip(results) {
+            let Ok(res) = res else { continue };
+            let configs = res
+                .entries
+                .iter()
+                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+                .collect();
+            let partitions = counts.get(*name).copied().flatten().unwrap_or(0);
+            out.insert(
+                (*name).clone(),
+                ActualTopic {
+                    partitions,
+                    configs,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    pub async fn create(&self, t: &WantedTopic) -> Result<(), TopicError> {
+        let mut nt = NewTopic::new(
+            &t.name,
+            t.partitions,
+            TopicReplication::Fixed(t.replication_factor.unwrap_or(-1)),
+        );
+        for (k, v) in &t.configs {
+            nt = nt.set(k, v);
+        }
+        let res = self
+            .admin
+            .create_topics([&nt], &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        match res.into_iter().next() {
+            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | Some(Ok(_)) | None => Ok(()),
+            Some(Err((_, code))) => Err(TopicError::CreateTopic {
+                topic: t.name.clone(),
+                source: KafkaError::AdminOp(code),
+            }),
+        }
+    }
+
+    pub async fn alter_configs(
+        &self,
+        topic: &str,
+        configs: &BTreeMap<String, String>,
+    ) -> Result<(), TopicError> {
+        // AlterConfigs replaces the topic's whole dynamic config: start from what is set
+        // now so unrelated overrides survive, then apply ours.
+        let current = self
+            .admin
+            .describe_configs([&ResourceSpecifier::Topic(topic)], &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let mut ac = AlterConfig::new(ResourceSpecifier::Topic(topic));
+        let mut merged: BTreeMap<String, String> = BTreeMap::new();
+        if let Some(Ok(res)) = current.into_iter().next() {
+            for e in res
+                .entries
+                .iter()
+                .filter(|e| !e.is_default && !e.is_read_only)
+            {
+                if let Some(v) = &e.value {
+                    merged.insert(e.name.clone(), v.clone());
+                }
+            }
+        }
+        merged.extend(configs.clone());
+        for (k, v) in &merged {
+            ac = ac.set(k, v);
+        }
+        let res = self
+            .admin
+            .alter_configs([&ac], &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        match res.into_iter().next() {
+            Some(Err((_, code))) => Err(TopicError::AlterTopicConfig {
+                topic: topic.into(),
+                source: KafkaError::AdminOp(code),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn add_partitions(&self, topic: &str, total: i32) -> Result<(), TopicError> {
+        let np = NewPartitions::new(topic, total as usize);
+        let res = self
+            .admin
+            .create_partitions([&np], &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        match res.into_iter().next() {
+            Some(Err((_, code))) => Err(TopicError::AddPartitions {
+                topic: topic.into(),
+                source: KafkaError::AdminOp(code),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn delete_topics(&self, topics: &[String]) -> Result<(), TopicError> {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let res = self
+            .admin
+            .delete_topics(&names, &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        for r in res {
+            if let Err((_, code)) = r
+                && code != RDKafkaErrorCode::UnknownTopicOrPartition
+            {
+                return Err(TopicError::DeleteTopics {
+                    topics: topics.to_vec(),
+                    source: KafkaError::AdminOp(code),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn delete_group(&self, group: &str) -> Result<(), TopicError> {
+        let res = self
+            .admin
+            .delete_groups(&[group], &self.opts())
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        for r in res {
+            if let Err((_, code)) = r
+                && code != RDKafkaErrorCode::GroupIdNotFound
+            {
+                return Err(TopicError::DeleteGroup {
+                    group: group.into(),
+                    source: KafkaError::AdminOp(code),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted() -> WantedTopic {
+        WantedTopic {
+            name: "app-seen-changelog".into(),
+            role: Role::Changelog,
+            store: Some("seen".into()),
+            partitions: 4,
+            replication_factor: None,
+            configs: BTreeMap::from([
+                ("cleanup.policy".into(), "compact".into()),
+                ("min.cleanable.dirty.ratio".into(), "0.1".into()),
+            ]),
+        }
+    }
+
+    fn actual(partitions: i32, ratio: &str) -> ActualTopic {
+        ActualTopic {
+            partitions,
+            configs: BTreeMap::from([
+                ("cleanup.policy".into(), "compact".into()),
+                ("min.cleanable.dirty.ratio".into(), ratio.into()),
+            ]),
+        }
+    }
+
+    #[test]
+    fn a_missing_topic_is_created() {
+        assert_eq!(
+            plan(&wanted(), None, DriftPolicy::Report).actions,
+            vec![TopicAction::Create]
+        );
+    }
+
+    #[test]
+    fn a_matching_topic_needs_nothing_and_numbers_compare_by_value() {
+        let p = plan(&wanted(), Some(&actual(4, "0.10")), DriftPolicy::Report);
+        assert_eq!(
+            p,
+            TopicPlan {
+                actions: vec![TopicAction::None],
+                drift: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn config_drift_is_reported_under_report_and_corrected_under_enforce() {
+        let p = plan(&wanted(), Some(&actual(4, "0.5")), DriftPolicy::Report);
+        assert_eq!(p.actions, vec![TopicAction::None]);
+        assert_eq!(
+            p.drift,
+            vec!["min.cleanable.dirty.ratio: 0.5 (want 0.1)".to_string()]
+        );
+        let p = plan(&wanted(), Some(&actual(4, "0.5")), DriftPolicy::Enforce);
+        assert_eq!(
+            p.actions,
+            vec![TopicAction::AlterConfigs(BTreeMap::from([(
+                "min.cleanable.dirty.ratio".into(),
+                "0.1".into()
+            )]))]
+        );
+        assert!(p.drift.is_empty());
+    }
+
+    #[test]
+    fn partitions_grow_but_never_shrink() {
+        assert_eq!(
+            plan(&wanted(), Some(&actual(2, "0.1")), DriftPolicy::Report).actions,
+            vec![TopicAction::AddPartitions(4)]
+        );
+        let p = plan(&wanted(), Some(&actual(8, "0.1")), DriftPolicy::Enforce);
+        assert_eq!(p.actions, vec![TopicAction::None]);
+        assert!(
+            p.drift[0].starts_with("partitions: 8 (want 4)"),
+            "{:?}",
+            p.drift
+        );
+    }
+}
