@@ -79,20 +79,23 @@ if ! running kube-scheduler; then
 fi
 
 # --- the local node agent (plays the kubelet); images map to the workspace's binaries.
-if ! running oxbow-node; then
-  node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
-  [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
-  mkdir -p "$STACK_DIR/node"
-  cat >"$STACK_DIR/node/images.yaml" <<IMAGES
+# The image map is rewritten on every `make up`; the agent reads it at each container start.
+mkdir -p "$STACK_DIR/node"
+cat >"$STACK_DIR/node/images.yaml" <<IMAGES
 # image pattern -> local binary; '*' matches any tag. Written by e2e/stack/up.sh.
 images:
   - image: "oxbow-worker:*"
     binary: "$CARGO_TARGET_DIR/release/oxbow-worker"
   - image: "oxbow-operator:*"
     binary: "$CARGO_TARGET_DIR/release/oxbow-operator"
+  - image: "oxbow-standin:*"
+    binary: "$CARGO_TARGET_DIR/release/oxbow-standin-worker"
   - image: "oxbow-testpod:*"
     binary: "$CARGO_TARGET_DIR/release/oxbow-testpod"
 IMAGES
+if ! running oxbow-node; then
+  node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
+  [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
   start oxbow-node "$node_bin" --kubeconfig "$PKI/node.kubeconfig" --node-name "$NODE_NAME" \
     --root "$STACK_DIR/node" --images "$STACK_DIR/node/images.yaml" \
     --api-server "https://127.0.0.1:$APISERVER_PORT" --ca-file "$PKI/ca.crt" \

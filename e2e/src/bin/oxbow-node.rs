@@ -61,11 +61,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let images: ImageMap = serde_yaml::from_str(
-        &std::fs::read_to_string(&args.images)
-            .with_context(|| format!("failed to read {}", args.images.display()))?,
-    )
-    .with_context(|| format!("failed to parse {}", args.images.display()))?;
+    // Fail at start on a broken map; pods re-read it at every container start.
+    ImageMap::load(&args.images).map_err(anyhow::Error::msg)?;
     let ca_pem = std::fs::read_to_string(&args.ca_file)
         .with_context(|| format!("failed to read {}", args.ca_file.display()))?;
     let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig)
@@ -90,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
         client,
         node_name: args.node_name.clone(),
         root: args.root,
-        images,
+        images: args.images,
         api_server: args.api_server,
         api_port,
         ca_pem,

@@ -21,6 +21,11 @@ pub struct ImageEntry {
 }
 
 impl ImageMap {
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("failed to read {}: {e}", path.display()))?;
+        serde_yaml::from_str(&text).map_err(|e| format!("failed to parse {}: {e}", path.display()))
+    }
+
     /// The binary for `image`; a registry prefix (`ghcr.io/oxbow/`) is ignored so the
     /// same manifests work here and on a real cluster.
     pub fn resolve(&self, image: &str) -> Option<&PathBuf> {

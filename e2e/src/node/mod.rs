@@ -28,7 +28,6 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
-use self::images::ImageMap;
 use self::ips::IpPool;
 use self::pod::PodRunner;
 
@@ -53,7 +52,9 @@ pub struct AgentShared {
     pub client: kube::Client,
     pub node_name: String,
     pub root: PathBuf,
-    pub images: ImageMap,
+    /// The image map file; read at every container start so a rewritten map applies
+    /// without restarting the agent.
+    pub images: PathBuf,
     pub api_server: String,
     pub api_port: u16,
     pub ca_pem: String,
