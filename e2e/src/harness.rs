@@ -216,7 +216,7 @@ impl OperatorProcess {
         let file = std::fs::File::create(&log).expect("operator log file");
         let child = std::process::Command::new(bin)
             .args(["run", "--namespace", namespace, "--metrics-addr", &metrics_addr, "--log-format", "text"])
-            .args(["--worker-image", "oxbow-standin:test"])
+            .args(["--worker-image", "oxbow-standin:test", "--resync-interval", "3s", "--cleanup-timeout", "20s"])
             .args(extra)
             .env("KUBECONFIG", stack_var("KUBECONFIG"))
             .env("RUST_LOG", "info,oxbow_operator=debug,kube_runtime=warn")

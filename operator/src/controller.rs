@@ -84,6 +84,9 @@ pub struct Context {
     pub recorder: Recorder,
     /// How long deletion may wait for Kafka cleanup before letting go.
     pub cleanup_timeout: Duration,
+    /// How often a Ready app is looked at again. Kafka sends no watch events, so this
+    /// bounds how long topic drift or a deleted topic goes unnoticed.
+    pub resync: Duration,
     admins: Mutex<HashMap<String, Arc<KafkaAdmin>>>,
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
 }
@@ -93,6 +96,7 @@ impl Context {
         client: kube::Client,
         build: BuildContext,
         cleanup_timeout: Duration,
+        resync: Duration,
         identity: &str,
     ) -> Self {
         let reporter = Reporter {
@@ -105,6 +109,7 @@ impl Context {
             metrics: Arc::new(Metrics::default()),
             build,
             cleanup_timeout,
+            resync,
             admins: Mutex::default(),
             failures: Mutex::default(),
         }
@@ -545,7 +550,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     } else if !ready {
         Action::requeue(Duration::from_secs(5))
     } else {
-        Action::requeue(Duration::from_secs(300))
+        Action::requeue(ctx.resync)
     })
 }
 

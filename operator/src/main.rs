@@ -46,6 +46,9 @@ struct RunArgs {
     /// How long deletion waits for Kafka cleanup before giving up and letting go.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     cleanup_timeout: Duration,
+    /// How often a Ready StreamApp is checked again (topic drift has no watch events).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    resync_interval: Duration,
     /// json (default) or text.
     #[arg(long, env = "OXBOW_LOG_FORMAT", default_value = "json")]
     log_format: String,
@@ -89,6 +92,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             default_image: args.worker_image.clone(),
         },
         args.cleanup_timeout,
+        args.resync_interval,
         &identity,
     ));
 
