@@ -444,11 +444,13 @@ pub enum DriftPolicy {
     Enforce,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
     /// Volume size per worker pod, e.g. 10Gi.
     #[serde(default = "default_storage_size")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("storage.size must be a positive quantity such as 512Mi or 10Gi"))]
     pub size: String,
     /// Default: the cluster's default StorageClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
