@@ -37,7 +37,7 @@ clean-stack: down
 	rm -rf $(OXBOW_CACHE)/stack
 
 demo: up
-	@bash $(STACK)/smoke.sh
+	@bash $(STACK)/demo.sh
 
 lint: prereqs
 	$(CARGO) fmt --all -- --check

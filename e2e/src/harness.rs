@@ -177,7 +177,9 @@ pub fn workspace_root() -> PathBuf {
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("target"))
 }
 
 /// Applies the committed StreamApp CRD (server-side, idempotent) and waits until it is
@@ -185,10 +187,20 @@ fn target_dir() -> PathBuf {
 pub fn install_crd() {
     let crd = workspace_root().join("charts/oxbow/crds/streamapps.oxbow.dev.yaml");
     let path = crd.to_string_lossy().into_owned();
-    let (ok, _, err) = kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &path], None);
+    let (ok, _, err) = kubectl(
+        &["apply", "--server-side", "--force-conflicts", "-f", &path],
+        None,
+    );
     assert!(ok, "failed to install the StreamApp CRD: {err}");
-    let (ok, _, err) =
-        kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd/streamapps.oxbow.dev"], None);
+    let (ok, _, err) = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/streamapps.oxbow.dev",
+        ],
+        None,
+    );
     assert!(ok, "the StreamApp CRD was not established: {err}");
 }
 
@@ -206,7 +218,11 @@ impl OperatorProcess {
 
     pub fn start_with(namespace: &str, extra: &[&str]) -> Self {
         let bin = target_dir().join("release/oxbow-operator");
-        assert!(bin.exists(), "{} is missing: run `make build`", bin.display());
+        assert!(
+            bin.exists(),
+            "{} is missing: run `make build`",
+            bin.display()
+        );
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -215,8 +231,23 @@ impl OperatorProcess {
         let log = std::env::temp_dir().join(format!("oxbow-operator-{namespace}-{port}.log"));
         let file = std::fs::File::create(&log).expect("operator log file");
         let child = std::process::Command::new(bin)
-            .args(["run", "--namespace", namespace, "--metrics-addr", &metrics_addr, "--log-format", "text"])
-            .args(["--worker-image", "oxbow-standin:test", "--resync-interval", "3s", "--cleanup-timeout", "20s"])
+            .args([
+                "run",
+                "--namespace",
+                namespace,
+                "--metrics-addr",
+                &metrics_addr,
+                "--log-format",
+                "text",
+            ])
+            .args([
+                "--worker-image",
+                "oxbow-standin:test",
+                "--resync-interval",
+                "3s",
+                "--cleanup-timeout",
+                "20s",
+            ])
             .args(extra)
             .env("KUBECONFIG", stack_var("KUBECONFIG"))
             .env("RUST_LOG", "info,oxbow_operator=debug,kube_runtime=warn")
@@ -224,7 +255,11 @@ impl OperatorProcess {
             .stderr(file)
             .spawn()
             .expect("start oxbow-operator");
-        Self { child, log, metrics_addr }
+        Self {
+            child,
+            log,
+            metrics_addr,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -254,27 +289,46 @@ pub mod kafka {
     use std::time::Duration;
 
     use rdkafka::ClientConfig;
-    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
+    use rdkafka::admin::{
+        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+    };
     use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
 
     fn admin() -> AdminClient<DefaultClientContext> {
-        ClientConfig::new().set("bootstrap.servers", super::kafka_bootstrap()).create().expect("admin client")
+        ClientConfig::new()
+            .set("bootstrap.servers", super::kafka_bootstrap())
+            .create()
+            .expect("admin client")
     }
 
     pub async fn create_topic(name: &str, partitions: i32) {
         let res = admin()
-            .create_topics([&NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+            .create_topics(
+                [&NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
             .await
             .expect("create_topics request");
-        assert!(res.iter().all(|r| r.is_ok()), "failed to create topic {name}: {res:?}");
+        assert!(
+            res.iter().all(|r| r.is_ok()),
+            "failed to create topic {name}: {res:?}"
+        );
     }
 
     /// Partition count, or None when the topic does not exist.
     pub fn partitions(name: &str) -> Option<usize> {
-        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", super::kafka_bootstrap()).create().expect("consumer");
-        let md = c.fetch_metadata(Some(name), Duration::from_secs(10)).expect("metadata");
-        md.topics().iter().find(|t| t.name() == name && t.error().is_none()).map(|t| t.partitions().len())
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", super::kafka_bootstrap())
+            .create()
+            .expect("consumer");
+        let md = c
+            .fetch_metadata(Some(name), Duration::from_secs(10))
+            .expect("metadata");
+        md.topics()
+            .iter()
+            .find(|t| t.name() == name && t.error().is_none())
+            .map(|t| t.partitions().len())
     }
 
     /// The topic's config (every entry with a value).
@@ -283,8 +337,15 @@ pub mod kafka {
             .describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new())
             .await
             .expect("describe_configs request");
-        let r = res.into_iter().next().expect("one result").expect("topic config");
-        r.entries.into_iter().filter_map(|e| e.value.map(|v| (e.name, v))).collect()
+        let r = res
+            .into_iter()
+            .next()
+            .expect("one result")
+            .expect("topic config");
+        r.entries
+            .into_iter()
+            .filter_map(|e| e.value.map(|v| (e.name, v)))
+            .collect()
     }
 
     /// Sets one config of a topic by hand, as an operator of the cluster might.
@@ -292,9 +353,16 @@ pub mod kafka {
         let ac = AlterConfig::new(ResourceSpecifier::Topic(name)).set(key, value);
         // AlterConfigs replaces the topic's overrides: keep the others.
         let mut current: BTreeMap<String, String> = BTreeMap::new();
-        let res = admin().describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new()).await.expect("describe");
+        let res = admin()
+            .describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new())
+            .await
+            .expect("describe");
         if let Some(Ok(r)) = res.into_iter().next() {
-            for e in r.entries.into_iter().filter(|e| !e.is_default && !e.is_read_only) {
+            for e in r
+                .entries
+                .into_iter()
+                .filter(|e| !e.is_default && !e.is_read_only)
+            {
                 if let Some(v) = e.value {
                     current.insert(e.name, v);
                 }
@@ -305,8 +373,14 @@ pub mod kafka {
         for (k, v) in &current {
             ac = ac.set(k, v);
         }
-        let res = admin().alter_configs([&ac], &AdminOptions::new()).await.expect("alter_configs request");
-        assert!(res.iter().all(|r| r.is_ok()), "failed to alter {name}: {res:?}");
+        let res = admin()
+            .alter_configs([&ac], &AdminOptions::new())
+            .await
+            .expect("alter_configs request");
+        assert!(
+            res.iter().all(|r| r.is_ok()),
+            "failed to alter {name}: {res:?}"
+        );
     }
 }
 
@@ -358,14 +432,23 @@ spec:
 
     /// Waits until condition `type_` has `status` (and the status reflects the current
     /// generation); returns the StreamApp.
-    pub async fn wait_condition(api: &Api<StreamApp>, name: &str, type_: &str, status: &str, timeout: Duration) -> StreamApp {
+    pub async fn wait_condition(
+        api: &Api<StreamApp>,
+        name: &str,
+        type_: &str,
+        status: &str,
+        timeout: Duration,
+    ) -> StreamApp {
         let what = format!("StreamApp {name} condition {type_}={status}");
         super::wait_for(&what, timeout, || async {
             let app = api.get(name).await.map_err(|e| e.to_string())?;
-            let current = app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
+            let current =
+                app.status.as_ref().and_then(|s| s.observed_generation) == app.metadata.generation;
             match condition(&app, type_) {
                 Some((s, _, _)) if s == status && current => Ok(app),
-                other => Err(format!("{type_}: {other:?}, observedGeneration current: {current}")),
+                other => Err(format!(
+                    "{type_}: {other:?}, observedGeneration current: {current}"
+                )),
             }
         })
         .await

@@ -2,7 +2,7 @@
 # `make down`: stops everything `make up` started, in reverse order. Data (etcd, Kafka,
 # volumes) is kept; `make clean-stack` removes it.
 source "$(dirname "$0")/lib.sh"
-for name in oxbow-node kube-scheduler kube-controller-manager kube-apiserver etcd kafka; do
+for name in oxbow-operator oxbow-node kube-scheduler kube-controller-manager kube-apiserver etcd kafka; do
   stop "$name"
 done
 # Pod processes live in their own sessions; the agent records them so none outlive it.

@@ -13,6 +13,7 @@ row kube-controller-manager "127.0.0.1:10257"
 row kube-scheduler "127.0.0.1:10259"
 row oxbow-node "node/$NODE_NAME"
 row kafka "$KAFKA_BOOTSTRAP"
+running oxbow-operator && row oxbow-operator "127.0.0.1:18081 (make demo)"
 echo
 if [[ -f "$STACK_DIR/env" ]]; then
   echo "env file: $STACK_DIR/env (. it to get KUBECONFIG and KAFKA_BOOTSTRAP)"

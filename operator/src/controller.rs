@@ -725,3 +725,36 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         })
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(spec: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp",
+            "metadata": {"name": "x", "namespace": "ns"}, "spec": spec,
+        }))
+        .expect("dynamic object")
+    }
+
+    #[test]
+    fn a_malformed_streamapp_is_skipped_instead_of_stopping_the_watch() {
+        let good =
+            raw(json!({"kafka": {"bootstrapServers": "k:9092"}, "source": {"topics": ["a"]}}));
+        let bad = raw(json!({"replicas": "many"}));
+        assert!(matches!(
+            typed(Ok(watcher::Event::Apply(good))),
+            Some(Ok(watcher::Event::Apply(_)))
+        ));
+        assert!(
+            typed(Ok(watcher::Event::Apply(bad.clone()))).is_none(),
+            "dropped, not an error"
+        );
+        assert!(typed(Ok(watcher::Event::InitApply(bad))).is_none());
+        assert!(matches!(
+            typed(Ok(watcher::Event::InitDone)),
+            Some(Ok(watcher::Event::InitDone))
+        ));
+    }
+}

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
 
 #[tokio::test]
 async fn changelog_drift_is_reported_then_corrected_under_enforce() {
@@ -18,7 +21,10 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
     kafka::create_topic(&source, 2).await;
     let _operator = OperatorProcess::start(n);
     let name = unique("drift");
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&apps::manifest(&name, &[&source], "")));
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&name, &[&source], "")),
+    );
     assert!(ok, "apply: {err}");
     let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
     apps::wait_condition(&api, &name, "Ready", "True", Duration::from_secs(120)).await;
@@ -34,24 +40,52 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
     })
     .await;
     let (_, _, msg) = apps::condition(&app, "Stalled").expect("Stalled");
-    assert!(msg.contains(&changelog) && msg.contains("min.cleanable.dirty.ratio: 0.5 (want 0.1)"), "{msg}");
-    assert_eq!(apps::condition(&app, "Ready").map(|c| c.0).as_deref(), Some("False"), "drift is not Ready");
+    assert!(
+        msg.contains(&changelog) && msg.contains("min.cleanable.dirty.ratio: 0.5 (want 0.1)"),
+        "{msg}"
+    );
+    assert_eq!(
+        apps::condition(&app, "Ready").map(|c| c.0).as_deref(),
+        Some("False"),
+        "drift is not Ready"
+    );
     let st = app.status.expect("status");
-    let topic = st.topics.iter().find(|t| t.name == changelog).expect("topic status");
+    let topic = st
+        .topics
+        .iter()
+        .find(|t| t.name == changelog)
+        .expect("topic status");
     assert!(!topic.ready);
-    assert_eq!(topic.drift, vec!["min.cleanable.dirty.ratio: 0.5 (want 0.1)".to_string()]);
-    assert_eq!(kafka::config(&changelog).await["min.cleanable.dirty.ratio"], "0.5", "Report never changes the topic");
+    assert_eq!(
+        topic.drift,
+        vec!["min.cleanable.dirty.ratio: 0.5 (want 0.1)".to_string()]
+    );
+    assert_eq!(
+        kafka::config(&changelog).await["min.cleanable.dirty.ratio"],
+        "0.5",
+        "Report never changes the topic"
+    );
 
     let patch = serde_json::json!({"spec": {"driftPolicy": "Enforce"}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("set Enforce");
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("set Enforce");
     apps::wait_condition(&api, &name, "Ready", "True", Duration::from_secs(60)).await;
     let cfg = kafka::config(&changelog).await;
-    assert_eq!(cfg["min.cleanable.dirty.ratio"], "0.1", "Enforce corrected the topic");
+    assert_eq!(
+        cfg["min.cleanable.dirty.ratio"], "0.1",
+        "Enforce corrected the topic"
+    );
     assert_eq!(cfg["cleanup.policy"], "compact", "other settings kept");
 
-    api.delete(&name, &Default::default()).await.expect("delete");
+    api.delete(&name, &Default::default())
+        .await
+        .expect("delete");
     wait_for("deletion", Duration::from_secs(60), || async {
-        api.get_opt(&name).await.map_err(|e| e.to_string())?.map_or(Ok(()), |_| Err("present".into()))
+        api.get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_or(Ok(()), |_| Err("present".into()))
     })
     .await;
     ns.delete().await;

@@ -5,13 +5,23 @@ use std::time::Duration;
 
 use kube::api::Api;
 use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
 
 async fn delete_and_wait(api: &Api<StreamApp>, name: &str) {
     api.delete(name, &Default::default()).await.expect("delete");
-    wait_for(&format!("StreamApp {name} to be gone"), Duration::from_secs(60), || async {
-        api.get_opt(name).await.map_err(|e| e.to_string())?.map_or(Ok(()), |_| Err("present".into()))
-    })
+    wait_for(
+        &format!("StreamApp {name} to be gone"),
+        Duration::from_secs(60),
+        || async {
+            api.get_opt(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_or(Ok(()), |_| Err("present".into()))
+        },
+    )
     .await;
 }
 
@@ -30,30 +40,51 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
     let kept = unique("kept");
     let (ok, _, err) = kubectl(
         &["apply", "-n", n, "-f", "-"],
-        Some(&apps::manifest(&doomed, &[&source], "  deletionPolicy: {topics: Delete, consumerGroup: Delete}\n")),
+        Some(&apps::manifest(
+            &doomed,
+            &[&source],
+            "  deletionPolicy: {topics: Delete, consumerGroup: Delete}\n",
+        )),
     );
     assert!(ok, "apply: {err}");
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&apps::manifest(&kept, &[&source], "")));
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&kept, &[&source], "")),
+    );
     assert!(ok, "apply: {err}");
     for app in [&doomed, &kept] {
         apps::wait_condition(&api, app, "TopicsReady", "True", Duration::from_secs(120)).await;
     }
-    let topics = |app: &str| [format!("{app}-seen-changelog"), format!("{app}-per-user-changelog"), format!("{app}-dlq")];
+    let topics = |app: &str| {
+        [
+            format!("{app}-seen-changelog"),
+            format!("{app}-per-user-changelog"),
+            format!("{app}-dlq"),
+        ]
+    };
     for t in topics(&doomed).iter().chain(topics(&kept).iter()) {
         assert_eq!(kafka::partitions(t), Some(2), "{t} exists before deletion");
     }
 
     delete_and_wait(&api, &doomed).await;
     for t in topics(&doomed) {
-        wait_for(&format!("topic {t} to be deleted"), Duration::from_secs(30), || async {
-            match kafka::partitions(&t) {
-                None => Ok(()),
-                Some(p) => Err(format!("still has {p} partitions")),
-            }
-        })
+        wait_for(
+            &format!("topic {t} to be deleted"),
+            Duration::from_secs(30),
+            || async {
+                match kafka::partitions(&t) {
+                    None => Ok(()),
+                    Some(p) => Err(format!("still has {p} partitions")),
+                }
+            },
+        )
         .await;
     }
-    assert_eq!(kafka::partitions(&source), Some(2), "source topics are never deleted");
+    assert_eq!(
+        kafka::partitions(&source),
+        Some(2),
+        "source topics are never deleted"
+    );
 
     delete_and_wait(&api, &kept).await;
     for t in topics(&kept) {

@@ -16,7 +16,10 @@ async fn every_example_manifest_is_accepted() {
             continue;
         }
         let text = std::fs::read_to_string(&path).expect("read example");
-        let (ok, out, err) = kubectl(&["apply", "--dry-run=server", "-n", &ns.name, "-f", "-"], Some(&text));
+        let (ok, out, err) = kubectl(
+            &["apply", "--dry-run=server", "-n", &ns.name, "-f", "-"],
+            Some(&text),
+        );
         assert!(ok, "{} is rejected: {out}{err}", path.display());
         for doc in text.split("\n---") {
             if let Ok(app) = serde_yaml::from_str::<oxbow_crds::StreamApp>(doc) {

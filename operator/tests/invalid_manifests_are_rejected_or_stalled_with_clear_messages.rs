@@ -6,45 +6,184 @@ use std::time::Duration;
 
 use kube::api::Api;
 use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
 
 /// (case, text replaced in the base manifest, replacement, expected message fragment)
 const REJECTED: &[(&str, &str, &str, &str)] = &[
-    ("negative replicas", "replicas: 2", "replicas: -1", "should be greater than or equal to 0"),
-    ("standbys not below replicas", "replicas: 2", "replicas: 2\n  standbyReplicas: 2", "standbyReplicas must be less than replicas"),
-    ("unparsable commit interval", "replicas: 2", "replicas: 2\n  commitInterval: fast", "commitInterval must be a duration such as 100ms"),
-    ("unknown processing guarantee", "replicas: 2", "replicas: 2\n  processingGuarantee: maybe_once", "Unsupported value: \"maybe_once\""),
-    ("unknown error policy", "replicas: 2", "replicas: 2\n  errors: {policy: ignore}", "Unsupported value: \"ignore\""),
-    ("step with two kinds", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- {filter: {cel: 'true'}, map: {value: value}}", "each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch"),
-    ("step with no kind", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- name: nothing", "each step must set exactly one of"),
-    ("stateful step naming no store", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- dedupe: {id: value.txId, within: 1h}", "store: Required value"),
-    ("store name not usable in a topic", "store: seen", "store: Seen_Store", "store names are lowercase letters, digits and '-'"),
-    ("no source topic", "topics: [SOURCE]", "topics: []", "should have at least 1 items"),
-    ("no bootstrap servers", "  kafka:\n    bootstrapServers:", "  kafka: {}\n    # bootstrapServers:", "spec.kafka.bootstrapServers: Required value"),
-    ("misspelt field", "replicas: 2", "replica: 2", "unknown field \"spec.replica\""),
-    ("unknown step type", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- explode: {}", "unknown field \"spec.steps[0].explode\""),
-    ("two window kinds", "window: {tumbling: 1m}", "window: {tumbling: 1m, session: {gap: 1m}}", "a window is exactly one of tumbling, hopping or session"),
-    ("aggregate field with two aggregations", "fields: {count: {count: {}}}", "fields: {count: {count: {}, sum: value.x}}", "each aggregate field is exactly one of count, sum, min, max, avg or last"),
-    ("unparsable dedupe span", "within: 1h", "within: 1w", "within must be a duration such as 10m, 24h or 7d"),
-    ("sink reads its own input", "sink: {topic: NAME-out}", "sink: {topic: SOURCE}", "sink.topic must not be a source topic"),
-    ("application id unfit for topic names", "replicas: 2", "replicas: 2\n  applicationId: my app", "applicationId may use letters, digits"),
-    ("min ISR above replication", "replicas: 2", "replicas: 2\n  stores: {seen: {changelog: {replicationFactor: 2, minInsyncReplicas: 3}}}", "minInsyncReplicas must not exceed replicationFactor"),
-    ("dirty ratio above 1", "replicas: 2", "replicas: 2\n  stores: {seen: {changelog: {minCleanableDirtyRatio: 1.5}}}", "should be less than or equal to 1"),
-    ("map that maps nothing", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- map: {}", "map needs key, value or both"),
-    ("zero storage", "replicas: 2", "replicas: 2\n  storage: {size: 0Gi}", "storage.size must be a positive quantity"),
-    ("dead letters into a source topic", "replicas: 2", "replicas: 2\n  errors: {policy: deadLetter, topic: SOURCE}", "errors.topic must not be a source topic"),
+    (
+        "negative replicas",
+        "replicas: 2",
+        "replicas: -1",
+        "should be greater than or equal to 0",
+    ),
+    (
+        "standbys not below replicas",
+        "replicas: 2",
+        "replicas: 2\n  standbyReplicas: 2",
+        "standbyReplicas must be less than replicas",
+    ),
+    (
+        "unparsable commit interval",
+        "replicas: 2",
+        "replicas: 2\n  commitInterval: fast",
+        "commitInterval must be a duration such as 100ms",
+    ),
+    (
+        "unknown processing guarantee",
+        "replicas: 2",
+        "replicas: 2\n  processingGuarantee: maybe_once",
+        "Unsupported value: \"maybe_once\"",
+    ),
+    (
+        "unknown error policy",
+        "replicas: 2",
+        "replicas: 2\n  errors: {policy: ignore}",
+        "Unsupported value: \"ignore\"",
+    ),
+    (
+        "step with two kinds",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- {filter: {cel: 'true'}, map: {value: value}}",
+        "each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch",
+    ),
+    (
+        "step with no kind",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- name: nothing",
+        "each step must set exactly one of",
+    ),
+    (
+        "stateful step naming no store",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- dedupe: {id: value.txId, within: 1h}",
+        "store: Required value",
+    ),
+    (
+        "store name not usable in a topic",
+        "store: seen",
+        "store: Seen_Store",
+        "store names are lowercase letters, digits and '-'",
+    ),
+    (
+        "no source topic",
+        "topics: [SOURCE]",
+        "topics: []",
+        "should have at least 1 items",
+    ),
+    (
+        "no bootstrap servers",
+        "  kafka:\n    bootstrapServers:",
+        "  kafka: {}\n    # bootstrapServers:",
+        "spec.kafka.bootstrapServers: Required value",
+    ),
+    (
+        "misspelt field",
+        "replicas: 2",
+        "replica: 2",
+        "unknown field \"spec.replica\"",
+    ),
+    (
+        "unknown step type",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- explode: {}",
+        "unknown field \"spec.steps[0].explode\"",
+    ),
+    (
+        "two window kinds",
+        "window: {tumbling: 1m}",
+        "window: {tumbling: 1m, session: {gap: 1m}}",
+        "a window is exactly one of tumbling, hopping or session",
+    ),
+    (
+        "aggregate field with two aggregations",
+        "fields: {count: {count: {}}}",
+        "fields: {count: {count: {}, sum: value.x}}",
+        "each aggregate field is exactly one of count, sum, min, max, avg or last",
+    ),
+    (
+        "unparsable dedupe span",
+        "within: 1h",
+        "within: 1w",
+        "within must be a duration such as 10m, 24h or 7d",
+    ),
+    (
+        "sink reads its own input",
+        "sink: {topic: NAME-out}",
+        "sink: {topic: SOURCE}",
+        "sink.topic must not be a source topic",
+    ),
+    (
+        "application id unfit for topic names",
+        "replicas: 2",
+        "replicas: 2\n  applicationId: my app",
+        "applicationId may use letters, digits",
+    ),
+    (
+        "min ISR above replication",
+        "replicas: 2",
+        "replicas: 2\n  stores: {seen: {changelog: {replicationFactor: 2, minInsyncReplicas: 3}}}",
+        "minInsyncReplicas must not exceed replicationFactor",
+    ),
+    (
+        "dirty ratio above 1",
+        "replicas: 2",
+        "replicas: 2\n  stores: {seen: {changelog: {minCleanableDirtyRatio: 1.5}}}",
+        "should be less than or equal to 1",
+    ),
+    (
+        "map that maps nothing",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- map: {}",
+        "map needs key, value or both",
+    ),
+    (
+        "zero storage",
+        "replicas: 2",
+        "replicas: 2\n  storage: {size: 0Gi}",
+        "storage.size must be a positive quantity",
+    ),
+    (
+        "dead letters into a source topic",
+        "replicas: 2",
+        "replicas: 2\n  errors: {policy: deadLetter, topic: SOURCE}",
+        "errors.topic must not be a source topic",
+    ),
 ];
 
 /// (case, replaced, replacement, Stalled reason, message fragment)
 const STALLED: &[(&str, &str, &str, &str, &str)] = &[
-    ("CEL syntax error", "- dedupe: {store: seen, id: value.txId, within: 1h}", "- filter: {cel: 'value.count >'}", "InvalidExpression", "spec.steps[0].filter.cel: failed to parse CEL expression"),
-    ("two steps sharing a store", "store: per-user", "store: seen", "DuplicateStore", "store \"seen\" is used by dedupe-0 and aggregate-1"),
-    ("settings for an unused store", "replicas: 2", "replicas: 2\n  stores: {sene: {changelog: {segment: 1h}}}", "UnusedStoreSettings", "spec.stores.sene: no step uses store \"sene\""),
+    (
+        "CEL syntax error",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- filter: {cel: 'value.count >'}",
+        "InvalidExpression",
+        "spec.steps[0].filter.cel: failed to parse CEL expression",
+    ),
+    (
+        "two steps sharing a store",
+        "store: per-user",
+        "store: seen",
+        "DuplicateStore",
+        "store \"seen\" is used by dedupe-0 and aggregate-1",
+    ),
+    (
+        "settings for an unused store",
+        "replicas: 2",
+        "replicas: 2\n  stores: {sene: {changelog: {segment: 1h}}}",
+        "UnusedStoreSettings",
+        "spec.stores.sene: no step uses store \"sene\"",
+    ),
 ];
 
 fn render(name: &str, source: &str, from: &str, to: &str) -> String {
     let base = apps::manifest(name, &[source], "");
-    assert!(base.contains(from), "fixture text {from:?} not in the base manifest");
+    assert!(
+        base.contains(from),
+        "fixture text {from:?} not in the base manifest"
+    );
     base.replacen(from, &to.replace("SOURCE", source).replace("NAME", name), 1)
 }
 
@@ -60,13 +199,26 @@ async fn every_bad_manifest_gets_a_clear_message() {
     let mut failures = Vec::new();
     for (case, from, to, want) in REJECTED {
         let name = unique("bad");
-        let manifest = render(&name, &source, &from.replace("SOURCE", &source).replace("NAME", &name), to);
+        let manifest = render(
+            &name,
+            &source,
+            &from.replace("SOURCE", &source).replace("NAME", &name),
+            to,
+        );
         let (ok, out, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
         if ok || !err.contains(want) {
-            failures.push(format!("{case}: accepted={ok}, wanted {want:?} in: {out}{err}"));
+            failures.push(format!(
+                "{case}: accepted={ok}, wanted {want:?} in: {out}{err}"
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), REJECTED.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        REJECTED.len(),
+        failures.join("\n")
+    );
 
     // applicationId is immutable once set.
     let name = unique("fixed");
@@ -74,7 +226,10 @@ async fn every_bad_manifest_gets_a_clear_message() {
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&with_id("first-id")));
     assert!(ok, "a valid app is accepted: {err}");
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&with_id("second-id")));
-    assert!(!ok && err.contains("applicationId is immutable"), "immutability: {err}");
+    assert!(
+        !ok && err.contains("applicationId is immutable"),
+        "immutability: {err}"
+    );
     let (ok, _, err) = kubectl(&["delete", "-n", n, "streamapp", &name], None);
     assert!(ok, "{err}");
 
@@ -86,7 +241,10 @@ async fn every_bad_manifest_gets_a_clear_message() {
         let name = unique("stall");
         let manifest = render(&name, &source, from, to);
         let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
-        assert!(ok, "{case}: the API server cannot tell, so it accepts: {err}");
+        assert!(
+            ok,
+            "{case}: the API server cannot tell, so it accepts: {err}"
+        );
         let what = format!("{case}: Stalled {reason}");
         let msg = wait_for(&what, Duration::from_secs(60), || async {
             let app = api.get(&name).await.map_err(|e| e.to_string())?;
@@ -102,10 +260,23 @@ async fn every_bad_manifest_gets_a_clear_message() {
     for name in &names {
         api.delete(name, &Default::default()).await.expect("delete");
     }
-    wait_for("the stalled apps to be deleted", Duration::from_secs(60), || async {
-        let left = api.list(&Default::default()).await.map_err(|e| e.to_string())?.items.len();
-        if left == 0 { Ok(()) } else { Err(format!("{left} left")) }
-    })
+    wait_for(
+        "the stalled apps to be deleted",
+        Duration::from_secs(60),
+        || async {
+            let left = api
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} left"))
+            }
+        },
+    )
     .await;
     ns.delete().await;
 }

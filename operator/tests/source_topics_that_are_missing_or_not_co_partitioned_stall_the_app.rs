@@ -7,7 +7,10 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::Api;
 use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
 
 async fn stalled(api: &Api<StreamApp>, name: &str, reason: &str) -> String {
     let what = format!("{name} Stalled with reason {reason}");
@@ -35,18 +38,36 @@ async fn missing_or_unequal_source_topics_stall_with_their_partition_counts() {
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), n);
 
     let name = unique("joined");
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&apps::manifest(&name, &[&a, &b], "")));
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&name, &[&a, &b], "")),
+    );
     assert!(ok, "apply: {err}");
     let msg = stalled(&api, &name, "SourceTopicsNotCoPartitioned").await;
-    assert!(msg.contains(&format!("{a} has 4")) && msg.contains(&format!("{b} has 6")), "{msg}");
+    assert!(
+        msg.contains(&format!("{a} has 4")) && msg.contains(&format!("{b} has 6")),
+        "{msg}"
+    );
     let app = api.get(&name).await.expect("app");
-    assert_eq!(apps::condition(&app, "Ready").map(|c| c.0).as_deref(), Some("False"));
-    assert_eq!(format!("{:?}", app.status.and_then(|s| s.phase)), "Some(Failed)");
-    assert!(sts.get_opt(&name).await.expect("get").is_none(), "nothing is rolled out for an app that cannot run");
+    assert_eq!(
+        apps::condition(&app, "Ready").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    assert_eq!(
+        format!("{:?}", app.status.and_then(|s| s.phase)),
+        "Some(Failed)"
+    );
+    assert!(
+        sts.get_opt(&name).await.expect("get").is_none(),
+        "nothing is rolled out for an app that cannot run"
+    );
 
     let lonely = unique("lonely");
     let missing = unique("not-yet");
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&apps::manifest(&lonely, &[&missing], "")));
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&lonely, &[&missing], "")),
+    );
     assert!(ok, "apply: {err}");
     let msg = stalled(&api, &lonely, "SourceTopicsMissing").await;
     assert!(msg.contains(&missing), "{msg}");
@@ -58,10 +79,23 @@ async fn missing_or_unequal_source_topics_stall_with_their_partition_counts() {
     for app in [&name, &lonely] {
         api.delete(app, &Default::default()).await.expect("delete");
     }
-    wait_for("both StreamApps deleted", Duration::from_secs(60), || async {
-        let left = api.list(&Default::default()).await.map_err(|e| e.to_string())?.items.len();
-        if left == 0 { Ok(()) } else { Err(format!("{left} left")) }
-    })
+    wait_for(
+        "both StreamApps deleted",
+        Duration::from_secs(60),
+        || async {
+            let left = api
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} left"))
+            }
+        },
+    )
     .await;
     ns.delete().await;
 }

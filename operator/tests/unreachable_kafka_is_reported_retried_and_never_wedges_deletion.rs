@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
 
 #[tokio::test]
 async fn unreachable_kafka_is_reported_and_deletion_gives_up_after_the_timeout() {
@@ -26,42 +29,100 @@ async fn unreachable_kafka_is_reported_and_deletion_gives_up_after_the_timeout()
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply: {err}");
     let healthy = unique("healthy");
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&apps::manifest(&healthy, &[&source], "")));
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&healthy, &[&source], "")),
+    );
     assert!(ok, "apply: {err}");
 
-    let app = wait_for("the lost app to report Kafka unreachable", Duration::from_secs(90), || async {
-        let app = api.get(&lost).await.map_err(|e| e.to_string())?;
-        match apps::condition(&app, "TopicsReady") {
-            Some((s, r, _)) if s == "False" && r == "KafkaUnreachable" => Ok(app),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    let app = wait_for(
+        "the lost app to report Kafka unreachable",
+        Duration::from_secs(90),
+        || async {
+            let app = api.get(&lost).await.map_err(|e| e.to_string())?;
+            match apps::condition(&app, "TopicsReady") {
+                Some((s, r, _)) if s == "False" && r == "KafkaUnreachable" => Ok(app),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     let (status, reason, msg) = apps::condition(&app, "Ready").expect("Ready");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "KafkaUnreachable"));
-    assert!(msg.contains("127.0.0.1:9"), "the message names the address: {msg}");
-    assert_eq!(apps::condition(&app, "Reconciling").map(|c| c.0).as_deref(), Some("True"), "transient, not stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "KafkaUnreachable")
+    );
+    assert!(
+        msg.contains("127.0.0.1:9"),
+        "the message names the address: {msg}"
+    );
+    assert_eq!(
+        apps::condition(&app, "Reconciling").map(|c| c.0).as_deref(),
+        Some("True"),
+        "transient, not stalled"
+    );
 
     apps::wait_condition(&api, &healthy, "Ready", "True", Duration::from_secs(120)).await;
 
-    let metrics = reqwest::get(format!("http://{}/metrics", operator.metrics_addr)).await.expect("metrics").text().await.expect("body");
-    assert!(metrics.contains("oxbow_operator_reconcile_failures_total{error=\"KafkaUnreachable\"}"), "{metrics}");
+    let metrics = reqwest::get(format!("http://{}/metrics", operator.metrics_addr))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains("oxbow_operator_reconcile_failures_total{error=\"KafkaUnreachable\"}"),
+        "{metrics}"
+    );
 
     // Deleting it cannot delete its topics; after the cleanup timeout (20 s here) the
     // finalizer lets go rather than wedging the namespace.
     let start = Instant::now();
-    api.delete(&lost, &Default::default()).await.expect("delete");
-    wait_for("the lost app to be let go after the cleanup timeout", Duration::from_secs(90), || async {
-        api.get_opt(&lost).await.map_err(|e| e.to_string())?.map_or(Ok(()), |_| Err("still present".into()))
-    })
+    api.delete(&lost, &Default::default())
+        .await
+        .expect("delete");
+    wait_for(
+        "the lost app to be let go after the cleanup timeout",
+        Duration::from_secs(90),
+        || async {
+            api.get_opt(&lost)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_or(Ok(()), |_| Err("still present".into()))
+        },
+    )
     .await;
-    assert!(start.elapsed() >= Duration::from_secs(15), "it tried for the timeout first ({:?})", start.elapsed());
-    let (ok, events, _) = kubectl(&["get", "events", "-n", n, "--field-selector", "reason=CleanupTimedOut", "-o", "name"], None);
-    assert!(ok && !events.trim().is_empty(), "a CleanupTimedOut event tells the user what was left behind");
+    assert!(
+        start.elapsed() >= Duration::from_secs(15),
+        "it tried for the timeout first ({:?})",
+        start.elapsed()
+    );
+    let (ok, events, _) = kubectl(
+        &[
+            "get",
+            "events",
+            "-n",
+            n,
+            "--field-selector",
+            "reason=CleanupTimedOut",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(
+        ok && !events.trim().is_empty(),
+        "a CleanupTimedOut event tells the user what was left behind"
+    );
 
-    api.delete(&healthy, &Default::default()).await.expect("delete");
+    api.delete(&healthy, &Default::default())
+        .await
+        .expect("delete");
     wait_for("deletion", Duration::from_secs(60), || async {
-        api.get_opt(&healthy).await.map_err(|e| e.to_string())?.map_or(Ok(()), |_| Err("present".into()))
+        api.get_opt(&healthy)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_or(Ok(()), |_| Err("present".into()))
     })
     .await;
     ns.delete().await;

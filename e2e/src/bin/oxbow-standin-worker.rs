@@ -7,7 +7,12 @@ use std::net::TcpListener;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     if let Some(config) = flag("--config") {
         match std::fs::read_to_string(&config) {
             Ok(text) if text.contains("kind: StreamApp") => {}
@@ -21,8 +26,12 @@ fn main() {
             }
         }
     }
-    let listen = flag("--listen")
-        .unwrap_or_else(|| format!("{}:8080", std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into())));
+    let listen = flag("--listen").unwrap_or_else(|| {
+        format!(
+            "{}:8080",
+            std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into())
+        )
+    });
     let listener = match TcpListener::bind(&listen) {
         Ok(l) => l,
         Err(e) => {
@@ -39,6 +48,10 @@ fn main() {
             "/healthz" | "/readyz" => ("200 OK", "ok"),
             _ => ("404 Not Found", "not found"),
         };
-        let _ = write!(stream, "HTTP/1.1 {code}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+        let _ = write!(
+            stream,
+            "HTTP/1.1 {code}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
     }
 }

@@ -22,7 +22,8 @@ pub struct ImageEntry {
 
 impl ImageMap {
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("failed to read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("failed to read {}: {e}", path.display()))?;
         serde_yaml::from_str(&text).map_err(|e| format!("failed to parse {}: {e}", path.display()))
     }
 

@@ -21,8 +21,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
 use super::AgentShared;
-use super::images::ImageMap;
 use super::env::{EnvSources, expand, resolve_env, rewrite_paths};
+use super::images::ImageMap;
 use super::probe::{self, ProbeTarget};
 use super::volumes::{self, VolumeContext};
 
@@ -613,7 +613,8 @@ type Launched = (tokio::process::Child, (Vec<(String, String)>, PathBuf));
 
 fn launch(ctx: &Ctx, prepared: &Prepared, c: &Container) -> Result<Launched, (String, String)> {
     let image = c.image.clone().unwrap_or_default();
-    let images = ImageMap::load(&ctx.shared.images).map_err(|e| ("ErrImageNeverPull".to_string(), e))?;
+    let images =
+        ImageMap::load(&ctx.shared.images).map_err(|e| ("ErrImageNeverPull".to_string(), e))?;
     let binary = images.resolve(&image).cloned().ok_or_else(|| {
         (
             "ErrImageNeverPull".to_string(),
