@@ -136,7 +136,9 @@ pub struct KafkaSpec {
     /// librdkafka client properties passed through (e.g. `security.protocol`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
-    /// A Secret in the same namespace whose keys are librdkafka properties (SASL/TLS).
+    /// A Secret in the same namespace whose keys are librdkafka properties (SASL/TLS
+    /// credentials). The operator's admin client uses them and the workers get the
+    /// Secret mounted at /etc/oxbow/kafka-secret (one file per property).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
 }
@@ -444,8 +446,10 @@ pub enum DriftPolicy {
     Enforce,
 }
 
+/// Immutable: a StatefulSet's volume claim template cannot change after creation.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: the workers' volume claim template cannot change; resize the PVCs directly or create a new StreamApp"))]
 pub struct StorageSpec {
     /// Volume size per worker pod, e.g. 10Gi.
     #[serde(default = "default_storage_size")]

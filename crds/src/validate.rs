@@ -217,8 +217,13 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
     }
     for (path, d) in durations(spec) {
         match parse_duration(&d) {
+            // A zero grace or retention means "none"; a zero interval, window size, gap or
+            // advance cannot work.
             Ok(v)
-                if v.is_zero() && (path.ends_with("commitInterval") || path.contains("window")) =>
+                if v.is_zero()
+                    && (path.ends_with("commitInterval") || path.contains("window"))
+                    && !path.ends_with(".grace")
+                    && !path.ends_with(".retention") =>
             {
                 errors.push(ValidationError::InvalidDuration {
                     path,
@@ -363,6 +368,18 @@ spec:
             vec![ValidationError::UnusedStoreSettings {
                 store: "sen".into()
             }]
+        );
+    }
+
+    #[test]
+    fn a_zero_grace_is_allowed_but_a_zero_window_is_not() {
+        let a = app(&BASE.replace("grace: 1m", "grace: 0s"));
+        assert_eq!(validate_spec(&a.spec), vec![]);
+        let a = app(&BASE.replace("tumbling: 10m", "tumbling: 0m"));
+        let errs = validate_spec(&a.spec);
+        assert!(
+            matches!(&errs[..], [ValidationError::InvalidDuration { path, .. }] if path.ends_with("window.tumbling")),
+            "{errs:?}"
         );
     }
 

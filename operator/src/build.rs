@@ -21,6 +21,8 @@ pub const CONFIG_MOUNT: &str = "/etc/oxbow";
 pub const CONFIG_FILE: &str = "streamapp.yaml";
 pub const STATE_MOUNT: &str = "/var/lib/oxbow";
 pub const STATE_VOLUME: &str = "state";
+/// Where the Secret of `spec.kafka.secretRef` is mounted: one file per librdkafka property.
+pub const KAFKA_SECRET_MOUNT: &str = "/etc/oxbow/kafka-secret";
 pub const CONFIG_HASH_ANNOTATION: &str = "oxbow.dev/config-hash";
 /// Label on every child; `prune` finds leftovers by it.
 pub const APP_LABEL: &str = "oxbow.dev/streamapp";
@@ -89,12 +91,21 @@ pub fn selector_string(app: &StreamApp) -> String {
 
 /// The worker's configuration file: the StreamApp itself, as a user would write it
 /// (the worker reads the same manifest standalone), without server-managed fields.
+/// `replicas` is left out: its hash rolls the pods, and scaling must not restart the
+/// workers that keep running (they learn their peers from the assignment, not the config).
 pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
+    let mut spec = serde_json::to_value(&app.spec).map_err(|source| BuildError::Convert {
+        kind: "StreamApp",
+        source,
+    })?;
+    if let Some(o) = spec.as_object_mut() {
+        o.remove("replicas");
+    }
     let doc = json!({
         "apiVersion": "oxbow.dev/v1alpha1",
         "kind": "StreamApp",
         "metadata": {"name": app.name_any(), "namespace": app.namespace()},
-        "spec": app.spec,
+        "spec": spec,
     });
     Ok(serde_yaml::to_string(&doc)?)
 }
@@ -219,6 +230,17 @@ pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError>
         "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                             "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
     });
+    if spec.kafka.secret_ref.is_some() {
+        if let Some(m) = container["volumeMounts"].as_array_mut() {
+            m.push(
+                json!({"name": "kafka-secret", "mountPath": KAFKA_SECRET_MOUNT, "readOnly": true}),
+            );
+        }
+        if let Some(a) = container["args"].as_array_mut() {
+            a.push(json!("--kafka-secret-dir"));
+            a.push(json!(KAFKA_SECRET_MOUNT));
+        }
+    }
     if let Some(r) = &spec.resources {
         container["resources"] = serde_json::to_value(r).unwrap_or(Value::Null);
     }
@@ -229,6 +251,11 @@ pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError>
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": app.config_map_name()}}],
     });
+    if let Some(secret) = &spec.kafka.secret_ref
+        && let Some(v) = pod_spec["volumes"].as_array_mut()
+    {
+        v.push(json!({"name": "kafka-secret", "secret": {"secretName": secret.name}}));
+    }
     if !overrides.node_selector.is_empty() {
         pod_spec["nodeSelector"] = json!(overrides.node_selector);
     }
@@ -371,6 +398,59 @@ spec:
             hash(&a),
             hash(&app("  commitInterval: 1s\n")),
             "a config change rolls the pods"
+        );
+    }
+
+    #[test]
+    fn scaling_does_not_change_the_config_hash() {
+        let hash = |a: &StreamApp| {
+            let c = build(a, &cx()).expect("builds");
+            c.stateful_set
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+                .expect("hash")
+        };
+        let a = app("");
+        let mut scaled = a.clone();
+        scaled.spec.replicas = 7;
+        assert_eq!(
+            hash(&a),
+            hash(&scaled),
+            "kubectl scale must not roll every worker"
+        );
+    }
+
+    #[test]
+    fn a_kafka_secret_is_mounted_into_the_workers() {
+        let mut a = app("");
+        a.spec.kafka.secret_ref = Some(oxbow_crds::SecretRef {
+            name: "kafka-creds".into(),
+        });
+        let c = build(&a, &cx()).expect("builds");
+        let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
+        assert!(
+            t["spec"]["volumes"]
+                .as_array()
+                .expect("volumes")
+                .iter()
+                .any(|v| v["secret"]["secretName"] == "kafka-creds")
+        );
+        let ctr = &t["spec"]["containers"][0];
+        assert!(
+            ctr["volumeMounts"]
+                .as_array()
+                .expect("mounts")
+                .iter()
+                .any(|m| m["mountPath"] == KAFKA_SECRET_MOUNT)
+        );
+        assert!(
+            ctr["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .any(|a| a == "--kafka-secret-dir")
         );
     }
 

@@ -2,13 +2,13 @@
 //! [`apply`] and [`cleanup`], which run in steps: dereference (reads) → validate (pure)
 //! → build (pure) → apply children and topics (writes, in a commented order) → status.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
@@ -115,15 +115,22 @@ impl Context {
         }
     }
 
-    /// One admin client per Kafka cluster and client configuration, reused.
-    fn admin(&self, app: &StreamApp) -> Result<Arc<KafkaAdmin>, TopicError> {
+    /// One admin client per Kafka cluster and client configuration, reused. `secret`
+    /// holds the properties of `spec.kafka.secretRef`, read beforehand.
+    fn admin(
+        &self,
+        app: &StreamApp,
+        secret: &BTreeMap<String, String>,
+    ) -> Result<Arc<KafkaAdmin>, TopicError> {
         let k = &app.spec.kafka;
-        let key = format!("{}|{:?}", k.bootstrap_servers, k.properties);
+        let mut properties = k.properties.clone();
+        properties.extend(secret.clone());
+        let key = format!("{}|{:?}", k.bootstrap_servers, properties);
         let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = admins.get(&key) {
             return Ok(a.clone());
         }
-        let a = Arc::new(KafkaAdmin::new(&k.bootstrap_servers, &k.properties)?);
+        let a = Arc::new(KafkaAdmin::new(&k.bootstrap_servers, &properties)?);
         admins.insert(key, a.clone());
         Ok(a)
     }
@@ -385,13 +392,41 @@ fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>) -> WorkloadFacts {
     }
 }
 
+/// The librdkafka properties in the Secret of `spec.kafka.secretRef` (empty without one).
+/// `Ok(None)`: the Secret does not exist.
+async fn kafka_secret(
+    app: &StreamApp,
+    ctx: &Context,
+) -> Result<Option<BTreeMap<String, String>>, Error> {
+    let Some(r) = &app.spec.kafka.secret_ref else {
+        return Ok(Some(BTreeMap::new()));
+    };
+    let api: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
+    let secret = api
+        .get_opt(&r.name)
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: format!("Secret {}", r.name),
+            source,
+        })?;
+    Ok(secret.map(|s| {
+        s.data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).trim_end().to_string()))
+            .collect()
+    }))
+}
+
 /// Apply: the whole reconciliation of a live StreamApp. Idempotent.
 async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let ns = app.namespace().unwrap_or_default();
     let name = app.name_any();
 
     // --- dereference: everything we need to read, before deciding anything.
-    let admin = ctx.admin(app)?;
+    let secret = kafka_secret(app, ctx).await?;
+    let admin = ctx.admin(app, secret.as_ref().unwrap_or(&BTreeMap::new()))?;
     let source_counts = admin.partition_counts(&app.spec.source.topics).await;
     let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
 
@@ -399,7 +434,17 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let spec_errors = validate_spec(&app.spec);
     let mut kafka_error = None;
     let mut source_problem = None;
+    if let (None, Some(r)) = (&secret, &app.spec.kafka.secret_ref) {
+        source_problem = Some(Verdict::stalled(
+            "KafkaSecretMissing",
+            format!(
+                "Secret {} named by spec.kafka.secretRef does not exist",
+                r.name
+            ),
+        ));
+    }
     let tasks = match source_counts {
+        Ok(_) if source_problem.is_some() => None,
         Ok(counts) => match task_count(&counts) {
             Ok(n) => Some(n),
             Err(e) => {
@@ -446,7 +491,11 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
                 status::topics_verdict(&topic_statuses)
             }
             Err(Error::Topics(e)) => {
-                let v = Verdict::waiting("KafkaUnreachable", e.to_string());
+                let reason = match &e {
+                    TopicError::KafkaUnreachable { .. } => "KafkaUnreachable",
+                    _ => "TopicOperationFailed",
+                };
+                let v = Verdict::waiting(reason, e.to_string());
                 kafka_error = Some(e);
                 v
             }
@@ -591,71 +640,101 @@ async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     if work.is_empty() {
         return Ok(Action::await_change());
     }
-    let result: Result<(), TopicError> = async {
-        let admin = ctx.admin(app)?;
-        if policy.topics == Retention::Delete {
-            // Names only depend on the stores; the partition count does not matter here.
-            let names: Vec<String> = topics::wanted_topics(app, 1)
-                .into_iter()
-                .map(|t| t.name)
-                .collect();
-            if !names.is_empty() {
-                admin.delete_topics(&names).await?;
-            }
-        }
-        if policy.consumer_group == Retention::Delete {
-            admin.delete_group(&app.consumer_group()).await?;
-        }
-        Ok(())
-    }
-    .await;
-    match result {
-        Ok(()) => {
-            ctx.event(
-                app,
-                EventType::Normal,
-                "CleanedUp",
-                format!("deleted {} per deletionPolicy", work.join(" and ")),
-            )
-            .await;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            let deleting_since = app
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| t.0)
-                .unwrap_or_else(Timestamp::now);
-            let waited = Timestamp::now().duration_since(deleting_since);
-            if waited.as_secs() as u64 >= ctx.cleanup_timeout.as_secs() {
-                let msg = format!(
-                    "gave up deleting {} after {}s, letting the StreamApp go; remove them by hand: {e}",
-                    work.join(" and "),
-                    ctx.cleanup_timeout.as_secs()
-                );
-                ctx.event(app, EventType::Warning, "CleanupTimedOut", msg.clone())
-                    .await;
-                let mut st = app.status.clone().unwrap_or_default();
-                st.conditions.retain(|c| c.type_ != status::STALLED);
-                st.conditions
-                    .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                        type_: status::STALLED.into(),
-                        status: "True".into(),
-                        reason: "CleanupTimedOut".into(),
-                        message: msg,
-                        observed_generation: app.metadata.generation,
-                        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                            Timestamp::now(),
-                        ),
-                    });
-                let _ = write_status(ctx, app, &st).await;
-                Ok(Action::await_change())
-            } else {
-                Err(Error::Cleanup(e.to_string()))
-            }
+    // Workers first: a consumer group with live members cannot be deleted, and running
+    // producers must not write to topics being deleted.
+    let ns = app.namespace().unwrap_or_default();
+    let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    match sts_api
+        .delete(&app.worker_name(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(source) => {
+            return Err(Error::PruneChild {
+                kind: "StatefulSet",
+                name: app.worker_name(),
+                source,
+            });
         }
     }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let running = pods
+        .list(&ListParams::default().labels(&build::selector_string(app)))
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "worker pods".into(),
+            source,
+        })?
+        .items
+        .len();
+    let outcome: Result<(), String> = if running > 0 {
+        Err(format!("waiting for {running} worker pods to stop"))
+    } else {
+        let secret = kafka_secret(app, ctx).await?.unwrap_or_default();
+        async {
+            let admin = ctx.admin(app, &secret)?;
+            if policy.topics == Retention::Delete {
+                // Names only depend on the stores; the partition count does not matter here.
+                let names: Vec<String> = topics::wanted_topics(app, 1)
+                    .into_iter()
+                    .map(|t| t.name)
+                    .collect();
+                if !names.is_empty() {
+                    admin.delete_topics(&names).await?;
+                }
+            }
+            if policy.consumer_group == Retention::Delete {
+                admin.delete_group(&app.consumer_group()).await?;
+            }
+            Ok::<(), TopicError>(())
+        }
+        .await
+        .map_err(|e| e.to_string())
+    };
+    let Err(why) = outcome else {
+        ctx.event(
+            app,
+            EventType::Normal,
+            "CleanedUp",
+            format!("deleted {} per deletionPolicy", work.join(" and ")),
+        )
+        .await;
+        return Ok(Action::await_change());
+    };
+    let deleting_since = app
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_else(Timestamp::now);
+    let waited = Timestamp::now().duration_since(deleting_since);
+    if (waited.as_secs().max(0) as u64) < ctx.cleanup_timeout.as_secs() {
+        return Err(Error::Cleanup(why));
+    }
+    // Never wedge a terminating namespace: say what was left behind, then let go.
+    let msg = format!(
+        "gave up deleting {} after {}s, letting the StreamApp go; remove them by hand: {why}",
+        work.join(" and "),
+        ctx.cleanup_timeout.as_secs()
+    );
+    ctx.event(app, EventType::Warning, "CleanupTimedOut", msg.clone())
+        .await;
+    let mut st = app.status.clone().unwrap_or_default();
+    st.conditions.retain(|c| c.type_ != status::STALLED);
+    st.conditions
+        .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: status::STALLED.into(),
+            status: "True".into(),
+            reason: "CleanupTimedOut".into(),
+            message: msg,
+            observed_generation: app.metadata.generation,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now(),
+            ),
+        });
+    let _ = write_status(ctx, app, &st).await;
+    Ok(Action::await_change())
 }
 
 /// Converts raw watch events to StreamApps, dropping (and logging) objects that do not

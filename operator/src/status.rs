@@ -109,7 +109,7 @@ pub fn topics_verdict(topics: &[TopicStatus]) -> Verdict {
         return Verdict::stalled(
             "ConfigDrift",
             format!(
-                "topic config differs from the spec (set driftPolicy: Enforce to correct it, or fix the topic): {}",
+                "topics differ from the spec (driftPolicy: Enforce corrects config; extra partitions can only be removed by recreating the topic): {}",
                 drifted.join(" | ")
             ),
         );

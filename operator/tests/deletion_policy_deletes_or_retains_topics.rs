@@ -1,9 +1,11 @@
-//! Deleting a StreamApp honours `deletionPolicy.topics`: `Delete` removes its changelog
-//! and dead-letter topics, `Retain` keeps them. Source and sink topics are never touched.
+//! Deleting a StreamApp honours `deletionPolicy`: `Delete` removes its changelog and
+//! dead-letter topics and its state volumes, `Retain` keeps them. Source and sink topics
+//! are never touched.
 
 use std::time::Duration;
 
-use kube::api::Api;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
@@ -43,7 +45,7 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
         Some(&apps::manifest(
             &doomed,
             &[&source],
-            "  deletionPolicy: {topics: Delete, consumerGroup: Delete}\n",
+            "  deletionPolicy: {topics: Delete, consumerGroup: Delete, volumes: Delete}\n",
         )),
     );
     assert!(ok, "apply: {err}");
@@ -53,8 +55,26 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
     );
     assert!(ok, "apply: {err}");
     for app in [&doomed, &kept] {
-        apps::wait_condition(&api, app, "TopicsReady", "True", Duration::from_secs(120)).await;
+        apps::wait_condition(&api, app, "Ready", "True", Duration::from_secs(120)).await;
     }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), n);
+    let claims_of = |app: String| {
+        let claims = claims.clone();
+        async move {
+            let lp = ListParams::default().labels(&format!("oxbow.dev/streamapp={app}"));
+            claims
+                .list(&lp)
+                .await
+                .map(|l| l.items.len())
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(
+        claims_of(doomed.clone()).await,
+        Ok(2),
+        "one state volume per worker"
+    );
+    assert_eq!(claims_of(kept.clone()).await, Ok(2));
     let topics = |app: &str| {
         [
             format!("{app}-seen-changelog"),
@@ -90,5 +110,10 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
     for t in topics(&kept) {
         assert_eq!(kafka::partitions(&t), Some(2), "{t} is retained");
     }
+    assert_eq!(
+        claims_of(kept.clone()).await,
+        Ok(2),
+        "Retain keeps the state volumes"
+    );
     ns.delete().await;
 }

@@ -176,6 +176,13 @@ const STALLED: &[(&str, &str, &str, &str, &str)] = &[
         "UnusedStoreSettings",
         "spec.stores.sene: no step uses store \"sene\"",
     ),
+    (
+        "a Kafka Secret that does not exist",
+        "  kafka:\n",
+        "  kafka:\n    secretRef: {name: no-such-secret}\n",
+        "KafkaSecretMissing",
+        "Secret no-such-secret named by spec.kafka.secretRef does not exist",
+    ),
 ];
 
 fn render(name: &str, source: &str, from: &str, to: &str) -> String {
@@ -229,6 +236,13 @@ async fn every_bad_manifest_gets_a_clear_message() {
     assert!(
         !ok && err.contains("applicationId is immutable"),
         "immutability: {err}"
+    );
+    // So is storage: a StatefulSet's volume claim template cannot change.
+    let resized = format!("{}  storage: {{size: 5Gi}}\n", with_id("first-id"));
+    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&resized));
+    assert!(
+        !ok && err.contains("storage is immutable"),
+        "storage immutability: {err}"
     );
     let (ok, _, err) = kubectl(&["delete", "-n", n, "streamapp", &name], None);
     assert!(ok, "{err}");
