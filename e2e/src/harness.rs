@@ -430,6 +430,57 @@ spec:
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     }
 
+    /// Deletes StreamApp `name` and waits until it is gone (the operator's finalizer ran).
+    pub async fn delete_and_wait(api: &Api<StreamApp>, name: &str) {
+        api.delete(name, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("failed to delete {name}: {e}"));
+        super::wait_for(
+            &format!("StreamApp {name} to be gone"),
+            Duration::from_secs(90),
+            || async {
+                api.get_opt(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_or(Ok(()), |_| Err("still present".into()))
+            },
+        )
+        .await;
+    }
+
+    /// Deletes every StreamApp the Api covers and waits until all are gone, so a test
+    /// leaves no finalizer behind to hold its namespace.
+    pub async fn delete_all(api: &Api<StreamApp>) {
+        let list = api
+            .list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("failed to list StreamApps: {e}"));
+        for app in list.items {
+            let name = kube::ResourceExt::name_any(&app);
+            api.delete(&name, &Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("failed to delete {name}: {e}"));
+        }
+        super::wait_for(
+            "every StreamApp to be deleted",
+            Duration::from_secs(90),
+            || async {
+                let left = api
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len();
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// Waits until condition `type_` has `status` (and the status reflects the current
     /// generation); returns the StreamApp.
     pub async fn wait_condition(

@@ -78,15 +78,6 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
     );
     assert_eq!(cfg["cleanup.policy"], "compact", "other settings kept");
 
-    api.delete(&name, &Default::default())
-        .await
-        .expect("delete");
-    wait_for("deletion", Duration::from_secs(60), || async {
-        api.get_opt(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .map_or(Ok(()), |_| Err("present".into()))
-    })
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }

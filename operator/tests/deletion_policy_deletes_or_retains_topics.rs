@@ -12,21 +12,6 @@ use oxbow_e2e::harness::{
     wait_for,
 };
 
-async fn delete_and_wait(api: &Api<StreamApp>, name: &str) {
-    api.delete(name, &Default::default()).await.expect("delete");
-    wait_for(
-        &format!("StreamApp {name} to be gone"),
-        Duration::from_secs(60),
-        || async {
-            api.get_opt(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .map_or(Ok(()), |_| Err("present".into()))
-        },
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
     install_crd();
@@ -86,7 +71,7 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
         assert_eq!(kafka::partitions(t), Some(2), "{t} exists before deletion");
     }
 
-    delete_and_wait(&api, &doomed).await;
+    apps::delete_and_wait(&api, &doomed).await;
     for t in topics(&doomed) {
         wait_for(
             &format!("topic {t} to be deleted"),
@@ -106,7 +91,7 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
         "source topics are never deleted"
     );
 
-    delete_and_wait(&api, &kept).await;
+    apps::delete_and_wait(&api, &kept).await;
     for t in topics(&kept) {
         assert_eq!(kafka::partitions(&t), Some(2), "{t} is retained");
     }

@@ -271,26 +271,6 @@ async fn every_bad_manifest_gets_a_clear_message() {
         assert!(msg.contains(want), "{case}: wanted {want:?} in {msg:?}");
         names.push(name);
     }
-    for name in &names {
-        api.delete(name, &Default::default()).await.expect("delete");
-    }
-    wait_for(
-        "the stalled apps to be deleted",
-        Duration::from_secs(60),
-        || async {
-            let left = api
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .len();
-            if left == 0 {
-                Ok(())
-            } else {
-                Err(format!("{left} left"))
-            }
-        },
-    )
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }

@@ -107,26 +107,6 @@ async fn operator_killed_mid_reconcile_converges_without_duplicates() {
             "finalizer added once"
         );
     }
-    for name in &names {
-        api.delete(name, &Default::default()).await.expect("delete");
-    }
-    wait_for(
-        "every StreamApp deleted",
-        Duration::from_secs(60),
-        || async {
-            let left = api
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .len();
-            if left == 0 {
-                Ok(())
-            } else {
-                Err(format!("{left} left"))
-            }
-        },
-    )
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }

@@ -76,26 +76,6 @@ async fn missing_or_unequal_source_topics_stall_with_their_partition_counts() {
     let app = apps::wait_condition(&api, &lonely, "Ready", "True", Duration::from_secs(120)).await;
     assert_eq!(app.status.and_then(|s| s.tasks), Some(2));
 
-    for app in [&name, &lonely] {
-        api.delete(app, &Default::default()).await.expect("delete");
-    }
-    wait_for(
-        "both StreamApps deleted",
-        Duration::from_secs(60),
-        || async {
-            let left = api
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items
-                .len();
-            if left == 0 {
-                Ok(())
-            } else {
-                Err(format!("{left} left"))
-            }
-        },
-    )
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }

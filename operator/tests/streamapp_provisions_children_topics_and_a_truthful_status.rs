@@ -226,20 +226,6 @@ async fn a_streamapp_gets_its_children_topics_and_ready_status() {
     assert_eq!(app.status.expect("status").ready_replicas, 1);
 
     // Clean up while the operator runs, so its finalizer is honoured.
-    apps_api
-        .delete(&name, &Default::default())
-        .await
-        .expect("delete app");
-    wait_for(
-        "the StreamApp to be deleted",
-        Duration::from_secs(60),
-        || async {
-            match apps_api.get_opt(&name).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(a) => Err(format!("finalizers {:?}", a.finalizers())),
-            }
-        },
-    )
-    .await;
+    apps::delete_and_wait(&apps_api, &name).await;
     ns.delete().await;
 }

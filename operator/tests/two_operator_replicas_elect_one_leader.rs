@@ -97,15 +97,6 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     let app = apps::wait_condition(&api, &name, "Ready", "True", Duration::from_secs(90)).await;
     assert_eq!(app.status.map(|s| s.ready_replicas), Some(1));
 
-    api.delete(&name, &Default::default())
-        .await
-        .expect("delete");
-    wait_for("deletion", Duration::from_secs(60), || async {
-        api.get_opt(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .map_or(Ok(()), |_| Err("present".into()))
-    })
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }

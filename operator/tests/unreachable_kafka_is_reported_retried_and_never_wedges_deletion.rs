@@ -115,15 +115,6 @@ async fn unreachable_kafka_is_reported_and_deletion_gives_up_after_the_timeout()
         "a CleanupTimedOut event tells the user what was left behind"
     );
 
-    api.delete(&healthy, &Default::default())
-        .await
-        .expect("delete");
-    wait_for("deletion", Duration::from_secs(60), || async {
-        api.get_opt(&healthy)
-            .await
-            .map_err(|e| e.to_string())?
-            .map_or(Ok(()), |_| Err("present".into()))
-    })
-    .await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }
