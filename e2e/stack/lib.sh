@@ -58,13 +58,19 @@ ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"
 
 pidfile() { echo "$RUN/$1.pid"; }
 
-# running NAME — the process recorded for NAME is alive.
+# running NAME — the process recorded for NAME is alive and is still NAME (a pid file
+# left from before a reboot may name an unrelated process now).
 running() {
-  local f pid
+  local f pid want
   f=$(pidfile "$1")
   [[ -f "$f" ]] || return 1
   pid=$(cat "$f")
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+  case "$1" in
+    kafka) want=kafka.Kafka ;;
+    *) want=$1 ;;
+  esac
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$want"
 }
 
 # start NAME CMD... — run CMD detached in its own session, logging to $LOGS/NAME.log.

@@ -110,6 +110,12 @@ wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-control
 
 wait_for "Kafka to answer a metadata request on $KAFKA_BOOTSTRAP (log: $LOGS/kafka.log)" 120 kafka_ready
 
+# Everything must still run: a component that died right after starting would otherwise
+# hide behind state a previous run left in etcd (a Ready node, a ServiceAccount).
+for name in etcd kube-apiserver kube-controller-manager kube-scheduler oxbow-node kafka; do
+  running "$name" || die "$name exited right after starting; see $LOGS/$name.log"
+done
+
 cat >"$STACK_DIR/env" <<ENV
 # Written by 'make up'. Source it: . $STACK_DIR/env
 export KUBECONFIG="$ADMIN_KUBECONFIG"

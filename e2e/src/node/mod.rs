@@ -29,7 +29,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use self::ips::IpPool;
-use self::pod::PodRunner;
+use self::pod::{PodRunner, Stop};
 
 /// Field manager for everything the agent applies.
 pub const FIELD_MANAGER: &str = "oxbow-node";
@@ -63,7 +63,7 @@ pub struct AgentShared {
 }
 
 struct PodHandle {
-    stop: watch::Sender<Option<Duration>>,
+    stop: watch::Sender<Option<Stop>>,
 }
 
 pub struct Agent {
@@ -114,12 +114,24 @@ impl Agent {
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let mut sigterm =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // A (re)list arrives as Init, InitApply*, InitDone: buffered, so pods that vanished
+        // during a watch gap are noticed and every listed pod's IP is reserved first.
+        let mut relist: Option<Vec<Pod>> = None;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
-                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => self.on_pod(p, &done_tx),
+                    Some(Ok(watcher::Event::Init)) => relist = Some(Vec::new()),
+                    Some(Ok(watcher::Event::InitApply(p))) => match relist.as_mut() {
+                        Some(buf) => buf.push(p),
+                        None => self.on_pod(p, &done_tx),
+                    },
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if let Some(buf) = relist.take() {
+                            self.on_relist(buf, &done_tx);
+                        }
+                    }
+                    Some(Ok(watcher::Event::Apply(p))) => self.on_pod(p, &done_tx),
                     Some(Ok(watcher::Event::Delete(p))) => self.on_pod_gone(&p),
-                    Some(Ok(_)) => {}
                     Some(Err(e)) => tracing::warn!(error = %e, "pod watch failed; retrying"),
                     None => anyhow::bail!("pod watch ended"),
                 },
@@ -131,7 +143,7 @@ impl Agent {
         tracing::info!("agent stopping: stopping every pod's processes");
         let n = self.pods.len();
         for h in self.pods.values() {
-            let _ = h.stop.send(Some(Duration::from_secs(5)));
+            let _ = h.stop.send(Some(Stop::AgentExit));
         }
         // Give runners time to signal their process groups before we exit.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -157,7 +169,7 @@ impl Agent {
                     .deletion_grace_period_seconds
                     .unwrap_or(30)
                     .max(0) as u64;
-                let _ = h.stop.send(Some(Duration::from_secs(grace)));
+                let _ = h.stop.send(Some(Stop::Delete(Duration::from_secs(grace))));
             }
             return;
         }
@@ -205,11 +217,28 @@ impl Agent {
         });
     }
 
+    /// A complete list of the node's pods: stop runners of pods no longer listed, then
+    /// handle each listed pod, those that already had an IP first so they keep it.
+    fn on_relist(&mut self, mut pods: Vec<Pod>, done: &tokio::sync::mpsc::UnboundedSender<String>) {
+        let listed: std::collections::HashSet<String> =
+            pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        for (uid, h) in &self.pods {
+            if !listed.contains(uid) {
+                tracing::info!(%uid, "pod vanished during a watch gap; stopping it");
+                let _ = h.stop.send(Some(Stop::Delete(Duration::ZERO)));
+            }
+        }
+        pods.sort_by_key(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_none());
+        for p in pods {
+            self.on_pod(p, done);
+        }
+    }
+
     fn on_pod_gone(&mut self, pod: &Pod) {
         let Some(uid) = &pod.metadata.uid else { return };
         if let Some(h) = self.pods.get(uid) {
             // Force-deleted: no grace left.
-            let _ = h.stop.send(Some(Duration::ZERO));
+            let _ = h.stop.send(Some(Stop::Delete(Duration::ZERO)));
         }
     }
 }

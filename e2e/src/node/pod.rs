@@ -26,8 +26,27 @@ use super::images::ImageMap;
 use super::probe::{self, ProbeTarget};
 use super::volumes::{self, VolumeContext};
 
-/// How a pod's containers are asked to stop: `Some(grace)` once deletion is requested.
-pub type StopSignal = watch::Receiver<Option<Duration>>;
+/// Why a pod's containers stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The pod is being deleted, with this grace period: stop, then remove the object.
+    Delete(Duration),
+    /// The agent itself is stopping: stop the processes, keep the pod object and its
+    /// directory so a restarted agent runs the pod again, as a restarted kubelet would.
+    AgentExit,
+}
+
+impl Stop {
+    pub fn grace(self) -> Duration {
+        match self {
+            Stop::Delete(g) => g,
+            Stop::AgentExit => Duration::from_secs(5),
+        }
+    }
+}
+
+/// How a pod's containers are asked to stop: `Some(stop)` once they must.
+pub type StopSignal = watch::Receiver<Option<Stop>>;
 
 #[derive(Debug, Clone)]
 enum CState {
@@ -190,28 +209,34 @@ impl PodRunner {
         });
         let writer = tokio::spawn(status_writer(ctx.clone()));
         let mut stop = self.stop.clone();
-        let grace = tokio::select! {
-            _ = run_pod(ctx.clone(), stop.clone()) => {
+        // Containers (init ones included) run in their own task, so a stop never drops a
+        // process handle: each container observes the signal and terminates itself.
+        let mut pod_task = tokio::spawn(run_pod(ctx.clone(), stop.clone()));
+        let mut finished = false;
+        let reason = tokio::select! {
+            _ = &mut pod_task => {
+                finished = true;
                 // Every container has finished for good (restartPolicy Never/OnFailure):
                 // the pod stays, with its final status, until someone deletes it.
                 wait_stop(&mut stop).await
             }
-            g = wait_stop(&mut stop) => g,
+            s = wait_stop(&mut stop) => s,
         };
-        // run_pod's containers observe the same signal and stop themselves; wait for them.
-        let deadline = Instant::now() + grace + Duration::from_secs(5);
-        while ctx.with_state(|s| {
-            s.containers
-                .values()
-                .chain(s.init.values())
-                .any(|c| c.pid.is_some())
-        }) && Instant::now() < deadline
+        if !finished
+            && tokio::time::timeout(reason.grace() + Duration::from_secs(10), &mut pod_task)
+                .await
+                .is_err()
         {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tracing::warn!(pod = %ctx.name, "containers did not stop in time");
+            pod_task.abort();
         }
         ctx.changed.notify_one();
         tokio::time::sleep(Duration::from_millis(200)).await;
         writer.abort();
+        if reason == Stop::AgentExit {
+            tracing::info!(ns = %ctx.ns, pod = %ctx.name, "pod processes stopped with the agent");
+            return;
+        }
         // The kubelet's last word: remove the object now that no process is left.
         let pods: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
         let dp = DeleteParams {
@@ -238,13 +263,13 @@ impl PodRunner {
     }
 }
 
-async fn wait_stop(stop: &mut StopSignal) -> Duration {
+async fn wait_stop(stop: &mut StopSignal) -> Stop {
     loop {
-        if let Some(g) = *stop.borrow() {
-            return g;
+        if let Some(s) = *stop.borrow() {
+            return s;
         }
         if stop.changed().await.is_err() {
-            return Duration::ZERO;
+            return Stop::AgentExit;
         }
     }
 }
@@ -423,10 +448,11 @@ async fn run_container(
             }
         })
     };
-    let policy = if is_init {
-        "OnFailure".to_string()
-    } else {
-        restart_policy(&ctx.pod)
+    let policy = match (is_init, restart_policy(&ctx.pod).as_str()) {
+        // Init containers are retried unless the pod never restarts anything.
+        (true, "Never") => "Never".to_string(),
+        (true, _) => "OnFailure".to_string(),
+        (false, p) => p.to_string(),
     };
     let mut backoff = ctx.shared.restart_backoff_base;
     loop {
@@ -478,7 +504,7 @@ async fn run_container(
             )))
         };
         let mut killed_for: Option<String> = None;
-        let mut stopping: Option<Duration> = None;
+        let mut stopping: Option<Stop> = None;
         let status = tokio::select! {
             st = child.wait() => st.ok(),
             Some(why) = kill_rx.recv() => { killed_for = Some(why); None }
@@ -490,8 +516,10 @@ async fn run_container(
         let status = match status {
             Some(s) => Some(s),
             None => {
-                let grace = stopping.unwrap_or_else(|| termination_grace(&ctx.pod));
-                terminate(pid, &mut child, grace).await
+                let grace = stopping
+                    .map(Stop::grace)
+                    .unwrap_or_else(|| termination_grace(&ctx.pod));
+                terminate(pid, &mut child, grace, &mut stop).await
             }
         };
         let _ = std::fs::remove_file(ctx.pid_path(&c.name));
@@ -584,29 +612,43 @@ fn exit_code_of(s: std::process::ExitStatus) -> i32 {
 }
 
 /// SIGTERM to the container's process group, SIGKILL after `grace`.
+/// SIGTERM to the container's process group, SIGKILL after `grace`, or at once when a
+/// shorter grace arrives meanwhile (a force delete during a graceful one).
 async fn terminate(
     pid: Option<i32>,
     child: &mut tokio::process::Child,
     grace: Duration,
+    stop: &mut StopSignal,
 ) -> Option<std::process::ExitStatus> {
-    if let Some(pid) = pid {
-        let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+    let group = pid.map(Pid::from_raw);
+    if let Some(g) = group {
+        let _ = killpg(g, Signal::SIGTERM);
     }
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(s) => {
-            if let Some(pid) = pid {
-                // Reap helpers the container left in its group.
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    let mut deadline = tokio::time::Instant::now() + grace;
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break s.ok(),
+            _ = tokio::time::sleep_until(deadline) => {
+                if let Some(g) = group {
+                    let _ = killpg(g, Signal::SIGKILL);
+                }
+                break child.wait().await.ok();
             }
-            s.ok()
-        }
-        Err(_) => {
-            if let Some(pid) = pid {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                if let Some(Stop::Delete(g)) = *stop.borrow() {
+                    deadline = deadline.min(tokio::time::Instant::now() + g);
+                }
             }
-            child.wait().await.ok()
         }
+    };
+    if let Some(g) = group {
+        // Reap helpers the container left in its group.
+        let _ = killpg(g, Signal::SIGKILL);
     }
+    status
 }
 
 type Launched = (tokio::process::Child, (Vec<(String, String)>, PathBuf));
