@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
     doc = "A StreamApp runs a stateful stream application: Kafka in, steps with RocksDB state, Kafka out.",
     plural = "streamapps",
     shortname = "sapp",
+    validation = Rule::new("size(self.metadata.name) <= 47 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label of at most 47 characters (lowercase letters, digits and '-', starting with a letter): it names the worker StatefulSet, pods and Services"),
     namespaced,
     status = "StreamAppStatus",
     scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
@@ -37,6 +38,7 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(oldSelf.applicationId) == has(self.applicationId) && (!has(self.applicationId) || self.applicationId == oldSelf.applicationId)").message("applicationId is immutable: it names the consumer group, the changelog topics and the transactional ids; create a new StreamApp instead"))]
 #[x_kube(validation = Rule::new("self.errors.policy != 'deadLetter' || !has(self.errors.topic) || !self.source.topics.exists(t, t == self.errors.topic)").message("errors.topic must not be a source topic: dead letters would be read back as input"))]
 #[x_kube(validation = Rule::new("!has(self.sink) || !self.source.topics.exists(t, t == self.sink.topic)").message("sink.topic must not be a source topic: output would be read back as input"))]
+#[x_kube(validation = Rule::new("!has(self.sink) || !has(self.errors.topic) || self.errors.topic != self.sink.topic").message("errors.topic must not be the sink topic: dead letters would be mixed into the output"))]
 pub struct StreamAppSpec {
     /// Worker pods. Tasks (source partitions) are spread over them; 0 stops processing
     /// and keeps state. `kubectl scale` and HPAs act on this field.
@@ -52,8 +54,8 @@ pub struct StreamAppSpec {
     /// and the transactional ids (`<applicationId>-<task>`). Defaults to metadata.name.
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 200))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 200").message("applicationId may use letters, digits, '.', '_' and '-' (at most 200): it becomes part of Kafka topic names"))]
+    #[schemars(length(max = 170))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 170").message("applicationId may use letters, digits, '.', '_' and '-' (at most 170): it becomes part of Kafka topic names, which Kafka limits to 249 characters"))]
     pub application_id: Option<String>,
 
     /// How to reach Kafka.

@@ -426,14 +426,24 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
 
     // --- dereference: everything we need to read, before deciding anything.
     let secret = kafka_secret(app, ctx).await?;
-    let admin = ctx.admin(app, secret.as_ref().unwrap_or(&BTreeMap::new()))?;
-    let source_counts = admin.partition_counts(&app.spec.source.topics).await;
+    let mut source_problem = None;
+    // A client config librdkafka refuses (a misspelt property) is a spec problem.
+    let admin = match ctx.admin(app, secret.as_ref().unwrap_or(&BTreeMap::new())) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            source_problem = Some(Verdict::stalled("InvalidKafkaProperties", e.to_string()));
+            None
+        }
+    };
+    let source_counts = match &admin {
+        Some(a) => a.partition_counts(&app.spec.source.topics).await,
+        None => Ok(BTreeMap::new()),
+    };
     let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
 
     // --- validate (pure).
     let spec_errors = validate_spec(&app.spec);
     let mut kafka_error = None;
-    let mut source_problem = None;
     if let (None, Some(r)) = (&secret, &app.spec.kafka.secret_ref) {
         source_problem = Some(Verdict::stalled(
             "KafkaSecretMissing",
@@ -467,11 +477,25 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Verdict::stalled(reason, format!("invalid spec: {msg}"))
     });
 
-    // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run.
+    // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run. A
+    // failure here is reported in status before it is returned.
+    let mut apply_error = None;
     if invalid.is_none() && source_problem.is_none() {
-        let children = build::build(app, &ctx.build)?;
-        apply_children(app, &ns, &children, ctx).await?;
+        let applied = match build::build(app, &ctx.build) {
+            Ok(children) => apply_children(app, &ns, &children, ctx).await,
+            Err(e) => Err(e.into()),
+        };
+        apply_error = applied.err();
     }
+    let apply_verdict = apply_error.as_ref().map(|e| match e {
+        // The API server refused the object (invalid, or RBAC): retrying cannot help.
+        Error::ApplyChild {
+            source: kube::Error::Api(s),
+            ..
+        } if matches!(s.code, 400 | 403 | 422) => Verdict::stalled("ApplyRejected", e.to_string()),
+        Error::BuildChildren(_) => Verdict::stalled("BuildFailed", e.to_string()),
+        _ => Verdict::waiting("ApplyFailed", e.to_string()),
+    });
 
     // --- topics (only once the task count is known).
     let mut topic_statuses = Vec::new();
@@ -484,8 +508,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             "SpecInvalid",
             "topics are not reconciled while the spec is invalid",
         )
-    } else if let Some(tasks) = tasks {
-        match reconcile_topics(app, &admin, tasks, ctx).await {
+    } else if let (Some(tasks), Some(admin)) = (tasks, &admin) {
+        match reconcile_topics(app, admin, tasks, ctx).await {
             Ok(s) => {
                 topic_statuses = s;
                 status::topics_verdict(&topic_statuses)
@@ -518,7 +542,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let (restoration, restored) = status::restoration(&previous.instances);
     let input = StatusInput {
         generation: app.metadata.generation,
-        invalid: invalid.clone(),
+        invalid: invalid.clone().or(apply_verdict.clone()),
         topics: topics_verdict,
         workload: status::workload_verdict(&facts),
         restored,
@@ -586,6 +610,12 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .await;
     }
 
+    if let Some(e) = apply_error {
+        return match apply_verdict {
+            Some(v) if v.stalled => Ok(Action::await_change()),
+            _ => Err(e),
+        };
+    }
     if let Some(e) = kafka_error {
         // Status says so; the error policy retries with back-off.
         return Err(Error::Topics(e));
@@ -627,6 +657,61 @@ async fn write_status(
     Ok(())
 }
 
+/// Stops the workers, then deletes topics and the consumer group per `deletionPolicy`.
+/// `Err` says what is not done yet; the caller retries until the cleanup timeout.
+async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<(), String> {
+    let policy = &app.spec.deletion_policy;
+    // Workers first: a consumer group with live members cannot be deleted, and running
+    // producers must not write to topics being deleted.
+    let ns = app.namespace().unwrap_or_default();
+    let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    match sts_api
+        .delete(&app.worker_name(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(format!("failed to delete the worker StatefulSet: {e}")),
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let running = pods
+        .list(&ListParams::default().labels(&build::selector_string(app)))
+        .await
+        .map_err(|e| format!("failed to list worker pods: {e}"))?
+        .items
+        .len();
+    if running > 0 {
+        return Err(format!("waiting for {running} worker pods to stop"));
+    }
+    let secret = kafka_secret(app, ctx)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let admin = ctx.admin(app, &secret).map_err(|e| e.to_string())?;
+    if policy.topics == Retention::Delete {
+        // Names only depend on the stores; the partition count does not matter here.
+        let names: Vec<String> = topics::wanted_topics(app, 1)
+            .into_iter()
+            // A dead-letter topic the user named may be shared: only ours goes.
+            .filter(|t| t.role == topics::Role::Changelog || app.spec.errors.topic.is_none())
+            .map(|t| t.name)
+            .collect();
+        if !names.is_empty() {
+            admin
+                .delete_topics(&names)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    if policy.consumer_group == Retention::Delete {
+        admin
+            .delete_group(&app.consumer_group())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Cleanup before deletion, per `deletionPolicy`, bounded by `cleanup_timeout`.
 async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let policy = &app.spec.deletion_policy;
@@ -640,58 +725,8 @@ async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     if work.is_empty() {
         return Ok(Action::await_change());
     }
-    // Workers first: a consumer group with live members cannot be deleted, and running
-    // producers must not write to topics being deleted.
-    let ns = app.namespace().unwrap_or_default();
-    let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    match sts_api
-        .delete(&app.worker_name(), &DeleteParams::background())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(source) => {
-            return Err(Error::PruneChild {
-                kind: "StatefulSet",
-                name: app.worker_name(),
-                source,
-            });
-        }
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let running = pods
-        .list(&ListParams::default().labels(&build::selector_string(app)))
-        .await
-        .map_err(|source| Error::ReadCluster {
-            what: "worker pods".into(),
-            source,
-        })?
-        .items
-        .len();
-    let outcome: Result<(), String> = if running > 0 {
-        Err(format!("waiting for {running} worker pods to stop"))
-    } else {
-        let secret = kafka_secret(app, ctx).await?.unwrap_or_default();
-        async {
-            let admin = ctx.admin(app, &secret)?;
-            if policy.topics == Retention::Delete {
-                // Names only depend on the stores; the partition count does not matter here.
-                let names: Vec<String> = topics::wanted_topics(app, 1)
-                    .into_iter()
-                    .map(|t| t.name)
-                    .collect();
-                if !names.is_empty() {
-                    admin.delete_topics(&names).await?;
-                }
-            }
-            if policy.consumer_group == Retention::Delete {
-                admin.delete_group(&app.consumer_group()).await?;
-            }
-            Ok::<(), TopicError>(())
-        }
-        .await
-        .map_err(|e| e.to_string())
-    };
+    // Every failure below goes through the timeout check: nothing may wedge deletion.
+    let outcome = cleanup_steps(app, ctx).await;
     let Err(why) = outcome else {
         ctx.event(
             app,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -27,6 +27,10 @@ pub struct LeaderElector {
     identity: String,
     lease_duration: Duration,
     renew_every: Duration,
+    /// The other holder's (identity, renewTime) as last seen, and when we saw it change.
+    /// Expiry is judged by our own clock since that moment, never by comparing the
+    /// holder's timestamp with our clock: clock skew must not make two leaders.
+    observed: std::sync::Mutex<Option<(String, Option<MicroTime>, std::time::Instant)>>,
 }
 
 enum Attempt {
@@ -42,6 +46,7 @@ impl LeaderElector {
             identity: identity.into(),
             lease_duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
+            observed: std::sync::Mutex::new(None),
         }
     }
 
@@ -76,11 +81,18 @@ impl LeaderElector {
         };
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
-        let duration = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(15).into());
-        let expired = spec
-            .renew_time
-            .as_ref()
-            .is_none_or(|t| t.0 + duration < now);
+        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+        let expired = {
+            let mut seen = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+            let current = (holder.clone(), spec.renew_time.clone());
+            match seen.as_ref() {
+                Some((h, r, at)) if (h, r) == (&current.0, &current.1) => at.elapsed() > duration,
+                _ => {
+                    *seen = Some((current.0, current.1, std::time::Instant::now()));
+                    false
+                }
+            }
+        };
         if holder != self.identity && !holder.is_empty() && !expired {
             return Ok(Attempt::HeldBy(holder));
         }
@@ -106,20 +118,25 @@ impl LeaderElector {
         }
     }
 
-    /// Returns once this process holds the Lease.
+    /// Returns once this process holds the Lease. API errors while waiting are logged
+    /// and retried: a candidate has nothing to lose by waiting.
     pub async fn acquire(&self) -> Result<(), LeaderError> {
         let mut announced = false;
         loop {
-            match self.try_acquire().await? {
-                Attempt::Acquired => {
+            match tokio::time::timeout(self.lease_duration, self.try_acquire()).await {
+                Ok(Ok(Attempt::Acquired)) => {
                     tracing::info!(lease = %self.name, identity = %self.identity, "acquired leadership");
                     return Ok(());
                 }
-                Attempt::HeldBy(h) => {
+                Ok(Ok(Attempt::HeldBy(h))) => {
                     if !announced {
                         tracing::info!(lease = %self.name, holder = %h, "waiting for leadership");
                         announced = true;
                     }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "failed to try for leadership; retrying"),
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "leadership attempt timed out; retrying")
                 }
             }
             tokio::time::sleep(self.renew_every).await;
@@ -127,24 +144,35 @@ impl LeaderElector {
     }
 
     /// Renews until leadership is lost or cannot be renewed in time; then returns why.
+    /// Every renewal is bounded by what is left of the Lease, so a hung request cannot
+    /// keep a leader reconciling after its Lease expired.
     pub async fn hold(&self) -> LeaderError {
         let mut last_renew = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.renew_every).await;
-            match self.try_acquire().await {
-                Ok(Attempt::Acquired) => last_renew = tokio::time::Instant::now(),
-                Ok(Attempt::HeldBy(holder)) => {
+            let left = self
+                .lease_duration
+                .saturating_sub(last_renew.elapsed() + self.renew_every);
+            match tokio::time::timeout(left, self.try_acquire()).await {
+                Ok(Ok(Attempt::Acquired)) => last_renew = tokio::time::Instant::now(),
+                Ok(Ok(Attempt::HeldBy(holder))) => {
                     return LeaderError::LostLease {
                         name: self.name.clone(),
                         holder,
                     };
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "failed to renew leadership");
                     // Stop before the Lease can expire under us: never two leaders.
                     if last_renew.elapsed() + self.renew_every >= self.lease_duration {
                         return e;
                     }
+                }
+                Err(_) => {
+                    return LeaderError::LostLease {
+                        name: self.name.clone(),
+                        holder: "nobody (renewal timed out)".into(),
+                    };
                 }
             }
         }

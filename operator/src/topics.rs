@@ -16,7 +16,6 @@ use rdkafka::admin::{
     TopicReplication,
 };
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// Default `min.cleanable.dirty.ratio` of changelogs: compact early so restores read
@@ -216,11 +215,10 @@ pub fn topic_status(
     }
 }
 
-/// rdkafka's admin client plus a metadata-only consumer, for one Kafka cluster.
+/// rdkafka's admin client for one Kafka cluster (its inner client answers metadata).
 pub struct KafkaAdmin {
     bootstrap: String,
     admin: AdminClient<DefaultClientContext>,
-    metadata: BaseConsumer,
     timeout: Duration,
 }
 
@@ -232,12 +230,13 @@ impl KafkaAdmin {
         }
         cfg.set("bootstrap.servers", bootstrap);
         cfg.set("socket.timeout.ms", "10000");
+        // Asking for a source topic's metadata must never create it on a broker that
+        // auto-creates topics: a typo would become a real topic with default partitions.
+        cfg.set("allow.auto.create.topics", "false");
         let admin = cfg.create().map_err(TopicError::Client)?;
-        let metadata = cfg.create().map_err(TopicError::Client)?;
         Ok(Self {
             bootstrap: bootstrap.into(),
             admin,
-            metadata,
             timeout: Duration::from_secs(10),
         })
     }
@@ -260,18 +259,35 @@ impl KafkaAdmin {
         &self,
         topics: &[String],
     ) -> Result<BTreeMap<String, Option<i32>>, TopicError> {
-        let md = tokio::task::block_in_place(|| self.metadata.fetch_metadata(None, self.timeout))
+        let mut out = BTreeMap::new();
+        for topic in topics {
+            // Per topic: a whole-cluster metadata request would grow with the cluster.
+            let md = tokio::task::block_in_place(|| {
+                self.admin.inner().fetch_metadata(Some(topic), self.timeout)
+            })
             .map_err(|e| self.unreachable(e))?;
-        let existing: BTreeMap<&str, i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.error().is_none())
-            .map(|t| (t.name(), t.partitions().len() as i32))
-            .collect();
-        Ok(topics
-            .iter()
-            .map(|t| (t.clone(), existing.get(t.as_str()).copied()))
-            .collect())
+            let partitions = match md.topics().iter().find(|t| t.name() == topic) {
+                None => None,
+                Some(t) => match t.error() {
+                    None => Some(t.partitions().len() as i32),
+                    // Only "unknown topic" means absent; anything else (a leader election
+                    // during a broker restart) is transient and must not read as missing.
+                    Some(e)
+                        if RDKafkaErrorCode::from(e)
+                            == RDKafkaErrorCode::UnknownTopicOrPartition =>
+                    {
+                        None
+                    }
+                    Some(e) => {
+                        return Err(
+                            self.unreachable(KafkaError::MetadataFetch(RDKafkaErrorCode::from(e)))
+                        );
+                    }
+                },
+            };
+            out.insert(topic.clone(), partitions);
+        }
+        Ok(out)
     }
 
     /// Partitions and the configs named in `keys` of each topic that exists.
@@ -299,7 +315,7 @@ impl KafkaAdmin {
             .await
             .map_err(|e| self.unreachable(e))?;
         for (name, res) in present.iter().zip(results) {
-            let Ok(res) = res else { continue };
+            let res = res.map_err(|code| self.unreachable(KafkaError::AdminOp(code)))?;
             let configs = res
                 .entries
                 .iter()
@@ -358,7 +374,9 @@ impl KafkaAdmin {
             for e in res
                 .entries
                 .iter()
-                .filter(|e| !e.is_default && !e.is_read_only)
+                // Only the topic's own overrides: broker-level values must not be pinned
+                // onto the topic (AlterConfigs writes every value it is given).
+                .filter(|e| e.source == rdkafka::admin::ConfigSource::DynamicTopic)
             {
                 if let Some(v) = &e.value {
                     merged.insert(e.name.clone(), v.clone());

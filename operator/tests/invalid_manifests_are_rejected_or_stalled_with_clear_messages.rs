@@ -14,6 +14,18 @@ use oxbow_e2e::harness::{
 /// (case, text replaced in the base manifest, replacement, expected message fragment)
 const REJECTED: &[(&str, &str, &str, &str)] = &[
     (
+        "a name too long for pod and Service names",
+        "metadata:\n  name: ",
+        "metadata:\n  name: this-name-is-far-too-long-for-a-statefulset-pod-",
+        "metadata.name must be a DNS-1035 label of at most 47 characters",
+    ),
+    (
+        "dead letters into the sink topic",
+        "replicas: 2",
+        "replicas: 2\n  errors: {policy: deadLetter, topic: NAME-out}",
+        "errors.topic must not be the sink topic",
+    ),
+    (
         "negative replicas",
         "replicas: 2",
         "replicas: -1",

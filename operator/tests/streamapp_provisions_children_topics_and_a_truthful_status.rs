@@ -8,8 +8,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
