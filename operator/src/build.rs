@@ -335,6 +335,16 @@ spec:
         serde_yaml::from_str(&yaml).expect("valid manifest")
     }
 
+    fn hash(a: &StreamApp) -> String {
+        let c = build(a, &cx()).expect("builds");
+        c.stateful_set
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+            .expect("hash")
+    }
+
     fn cx() -> BuildContext {
         BuildContext {
             default_image: "oxbow-worker:0.1.0".into(),
@@ -383,15 +393,6 @@ spec:
 
     #[test]
     fn a_spec_change_changes_the_config_hash_on_the_pod_template() {
-        let hash = |a: &StreamApp| {
-            let c = build(a, &cx()).expect("builds");
-            c.stateful_set
-                .spec
-                .and_then(|s| s.template.metadata)
-                .and_then(|m| m.annotations)
-                .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
-                .expect("hash")
-        };
         let a = app("");
         assert_eq!(hash(&a), hash(&a.clone()), "same spec, same hash");
         assert_ne!(
@@ -403,15 +404,6 @@ spec:
 
     #[test]
     fn scaling_does_not_change_the_config_hash() {
-        let hash = |a: &StreamApp| {
-            let c = build(a, &cx()).expect("builds");
-            c.stateful_set
-                .spec
-                .and_then(|s| s.template.metadata)
-                .and_then(|m| m.annotations)
-                .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
-                .expect("hash")
-        };
         let a = app("");
         let mut scaled = a.clone();
         scaled.spec.replicas = 7;

@@ -145,12 +145,7 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
         )
         .await?;
     } else if let Some(dapi) = &v.downward_api {
-        for item in dapi.items.iter().flatten() {
-            if let Some(f) = &item.field_ref {
-                let value = field_ref(cx.pod, cx.env, &f.field_path).unwrap_or_default();
-                files.insert(item.path.clone(), value.into_bytes());
-            }
-        }
+        downward_files(cx, dapi.items.as_ref(), &mut files);
     } else if let Some(proj) = &v.projected {
         for s in proj.sources.iter().flatten() {
             if let Some(cm) = &s.config_map {
@@ -176,12 +171,7 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
                 .await?;
             }
             if let Some(d) = &s.downward_api {
-                for item in d.items.iter().flatten() {
-                    if let Some(f) = &item.field_ref {
-                        let value = field_ref(cx.pod, cx.env, &f.field_path).unwrap_or_default();
-                        files.insert(item.path.clone(), value.into_bytes());
-                    }
-                }
+                downward_files(cx, d.items.as_ref(), &mut files);
             }
             if let Some(t) = &s.service_account_token {
                 let audiences = t.audience.clone().map(|a| vec![a]).unwrap_or_default();
@@ -208,6 +198,20 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
         std::fs::write(&target, bytes).map_err(io)?;
     }
     Ok(own_dir)
+}
+
+/// Downward-API items (pod fields) as files.
+fn downward_files(
+    cx: &VolumeContext<'_>,
+    items: Option<&Vec<k8s_openapi::api::core::v1::DownwardAPIVolumeFile>>,
+    files: &mut BTreeMap<String, Vec<u8>>,
+) {
+    for item in items.into_iter().flatten() {
+        if let Some(f) = &item.field_ref {
+            let value = field_ref(cx.pod, cx.env, &f.field_path).unwrap_or_default();
+            files.insert(item.path.clone(), value.into_bytes());
+        }
+    }
 }
 
 fn volume_kind(v: &Volume) -> String {

@@ -1,0 +1,144 @@
+//! The unit of work's in-memory overlay over a task's stores.
+//!
+//! A record's state writes are staged here, never written to RocksDB directly: they
+//! become part of the task's dirty set only if every step for that record succeeded
+//! (`commit_record`), and vanish otherwise (`abort_record`). This is what makes the
+//! "dedupe mark kept although a later step failed" failure of seed 000 impossible. At a
+//! commit the dirty set is drained, last value per key, into the changelog and one
+//! RocksDB WriteBatch. This module owns that bookkeeping; it performs no I/O.
+
+use std::collections::BTreeMap;
+
+use oxbow_crds::StoreName;
+
+/// A key in one store.
+pub type StoreKey = (StoreName, Vec<u8>);
+
+/// What a read found in the overlay: a pending value, a pending delete, or nothing
+/// (the caller then reads the committed store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    Value(&'a [u8]),
+    Deleted,
+    Miss,
+}
+
+#[derive(Debug, Default)]
+pub struct Overlay {
+    /// Writes of records that completed since the last commit; `None` is a delete.
+    dirty: BTreeMap<StoreKey, Option<Vec<u8>>>,
+    /// Writes of the record being processed.
+    scope: BTreeMap<StoreKey, Option<Vec<u8>>>,
+    /// Records whose writes are in `dirty` since the last commit.
+    records: u64,
+}
+
+impl Overlay {
+    pub fn put(&mut self, store: &StoreName, key: &[u8], value: Vec<u8>) {
+        self.scope
+            .insert((store.clone(), key.to_vec()), Some(value));
+    }
+
+    pub fn delete(&mut self, store: &StoreName, key: &[u8]) {
+        self.scope.insert((store.clone(), key.to_vec()), None);
+    }
+
+    /// The current record sees its own writes first, then earlier records' writes.
+    pub fn get(&self, store: &StoreName, key: &[u8]) -> Lookup<'_> {
+        let k = (store.clone(), key.to_vec());
+        match self.scope.get(&k).or_else(|| self.dirty.get(&k)) {
+            Some(Some(v)) => Lookup::Value(v),
+            Some(None) => Lookup::Deleted,
+            None => Lookup::Miss,
+        }
+    }
+
+    /// Every step succeeded: the record's writes join the next commit.
+    pub fn commit_record(&mut self) {
+        let scope = std::mem::take(&mut self.scope);
+        self.dirty.extend(scope);
+        self.records += 1;
+    }
+
+    /// A step failed: the record leaves no trace in state.
+    pub fn abort_record(&mut self) {
+        self.scope.clear();
+    }
+
+    pub fn pending_records(&self) -> u64 {
+        self.records
+    }
+
+    pub fn dirty_keys(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// The last value (or delete) of every key written since the last commit, in key
+    /// order, for the changelog and the WriteBatch. The overlay is empty afterwards.
+    pub fn drain(&mut self) -> Vec<(StoreKey, Option<Vec<u8>>)> {
+        debug_assert!(
+            self.scope.is_empty(),
+            "drain inside a record's unit of work"
+        );
+        self.records = 0;
+        std::mem::take(&mut self.dirty).into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(s: &str) -> StoreName {
+        StoreName(s.into())
+    }
+
+    #[test]
+    fn a_record_that_fails_after_dedupe_leaves_no_mark() {
+        let mut o = Overlay::default();
+        // Step 1 (dedupe) marks the id; step 2 fails.
+        o.put(&store("seen"), b"tx-1", b"1".to_vec());
+        assert_eq!(
+            o.get(&store("seen"), b"tx-1"),
+            Lookup::Value(b"1"),
+            "the record sees its own mark"
+        );
+        o.abort_record();
+        assert_eq!(
+            o.get(&store("seen"), b"tx-1"),
+            Lookup::Miss,
+            "the retry is not taken for a duplicate"
+        );
+        assert!(o.drain().is_empty(), "nothing reaches the changelog");
+    }
+
+    #[test]
+    fn completed_records_are_drained_with_the_last_value_per_key() {
+        let mut o = Overlay::default();
+        o.put(&store("agg"), b"u1", b"1".to_vec());
+        o.commit_record();
+        o.put(&store("agg"), b"u1", b"2".to_vec());
+        o.put(&store("agg"), b"u2", b"7".to_vec());
+        o.commit_record();
+        o.delete(&store("agg"), b"u2");
+        o.commit_record();
+        assert_eq!(o.pending_records(), 3);
+        let drained = o.drain();
+        assert_eq!(
+            drained,
+            vec![
+                ((store("agg"), b"u1".to_vec()), Some(b"2".to_vec())),
+                ((store("agg"), b"u2".to_vec()), None)
+            ]
+        );
+        assert_eq!(o.pending_records(), 0);
+        assert_eq!(o.get(&store("agg"), b"u1"), Lookup::Miss);
+    }
+
+    #[test]
+    fn a_pending_delete_hides_the_committed_value() {
+        let mut o = Overlay::default();
+        o.delete(&store("s"), b"k");
+        assert_eq!(o.get(&store("s"), b"k"), Lookup::Deleted);
+    }
+}
