@@ -2,4 +2,5 @@
 //! windowing. Kafka, RocksDB and HTTP arrive with the rest of the worker issue.
 
 pub mod overlay;
+pub mod restore;
 pub mod window;
