@@ -91,15 +91,19 @@ pub fn selector_string(app: &StreamApp) -> String {
 
 /// The worker's configuration file: the StreamApp itself, as a user would write it
 /// (the worker reads the same manifest standalone), without server-managed fields.
-/// `replicas` is left out: its hash rolls the pods, and scaling must not restart the
-/// workers that keep running (they learn their peers from the assignment, not the config).
+/// `replicas`, `deletionPolicy` and `driftPolicy` are left out: the config's hash rolls the
+/// pods, and scaling or an operator-only setting must not restart running workers (they
+/// learn their peers from the assignment, not the config).
 pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
     let mut spec = serde_json::to_value(&app.spec).map_err(|source| BuildError::Convert {
         kind: "StreamApp",
         source,
     })?;
     if let Some(o) = spec.as_object_mut() {
-        o.remove("replicas");
+        // Fields only the operator acts on: changing them must not restart the workers.
+        for k in ["replicas", "deletionPolicy", "driftPolicy"] {
+            o.remove(k);
+        }
     }
     let doc = json!({
         "apiVersion": "oxbow.dev/v1alpha1",
@@ -411,6 +415,14 @@ spec:
             hash(&a),
             hash(&scaled),
             "kubectl scale must not roll every worker"
+        );
+        let mut policy = a.clone();
+        policy.spec.drift_policy = oxbow_crds::DriftPolicy::Enforce;
+        policy.spec.deletion_policy.topics = oxbow_crds::Retention::Delete;
+        assert_eq!(
+            hash(&a),
+            hash(&policy),
+            "operator-only settings must not roll the workers"
         );
     }
 

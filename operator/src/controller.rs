@@ -539,7 +539,9 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         })?;
     let facts = workload_facts(app, sts.as_ref());
     let previous = app.status.clone().unwrap_or_default();
-    let (restoration, restored) = status::restoration(&previous.instances);
+    let instances =
+        status::current_instances(&app.name_any(), app.spec.replicas, &previous.instances);
+    let (restoration, restored) = status::restoration(&instances);
     let input = StatusInput {
         generation: app.metadata.generation,
         invalid: invalid.clone().or(apply_verdict.clone()),
@@ -574,11 +576,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         ready_replicas: facts.ready_replicas,
         selector: Some(build::selector_string(app)),
         tasks,
-        lag: previous
-            .instances
-            .iter()
-            .filter_map(|i| i.lag)
-            .reduce(|a, b| a + b),
+        lag: instances.iter().filter_map(|i| i.lag).reduce(|a, b| a + b),
         restoration,
         instances: vec![],
         topics: topic_statuses,

@@ -134,10 +134,30 @@ pub fn topics_verdict(topics: &[TopicStatus]) -> Verdict {
     )
 }
 
+/// The workers' reports from pods that should exist: a pod removed by scaling in may
+/// have left its last entry behind, and a dead pod's report must not hold Ready back.
+pub fn current_instances<'a>(
+    app_name: &str,
+    replicas: i32,
+    instances: &'a [InstanceStatus],
+) -> Vec<&'a InstanceStatus> {
+    instances
+        .iter()
+        .filter(|i| {
+            i.pod
+                .strip_prefix(app_name)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .and_then(|ordinal| ordinal.parse::<i32>().ok())
+                .is_some_and(|n| n < replicas)
+        })
+        .collect()
+}
+
 /// Restoration summed over the workers' own reports.
-pub fn restoration(instances: &[InstanceStatus]) -> (Option<RestorationStatus>, Verdict) {
+pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>, Verdict) {
     let restoring: Vec<&InstanceStatus> = instances
         .iter()
+        .copied()
         .filter(|i| i.state.as_deref() == Some("Restoring") || i.restore_remaining.unwrap_or(0) > 0)
         .collect();
     if instances.is_empty() {
@@ -347,6 +367,29 @@ mod tests {
         );
         assert_eq!(get(&cs, RECONCILING).status, "False");
         assert_eq!(phase, Phase::Failed);
+    }
+
+    #[test]
+    fn reports_of_pods_removed_by_scaling_in_are_ignored() {
+        let report = |pod: &str, remaining| InstanceStatus {
+            pod: pod.into(),
+            state: Some("Restoring".into()),
+            restore_remaining: Some(remaining),
+            ..Default::default()
+        };
+        let all = vec![
+            report("app-0", 10),
+            report("app-2", 99),
+            report("other-0", 5),
+        ];
+        let current = current_instances("app", 2, &all);
+        assert_eq!(
+            current.iter().map(|i| i.pod.as_str()).collect::<Vec<_>>(),
+            vec!["app-0"]
+        );
+        let (summary, verdict) = restoration(&current);
+        assert_eq!(summary.map(|s| s.total_records), Some(10));
+        assert_eq!(verdict.reason, "Restoring");
     }
 
     #[test]
