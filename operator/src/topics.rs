@@ -215,6 +215,18 @@ pub fn topic_status(
     }
 }
 
+/// The first per-resource failure of an admin request, ignoring `benign` codes (a topic
+/// that already exists when creating, one already gone when deleting).
+fn first_failure<T, N>(
+    results: Vec<Result<T, (N, RDKafkaErrorCode)>>,
+    benign: RDKafkaErrorCode,
+) -> Option<KafkaError> {
+    results.into_iter().find_map(|r| match r {
+        Err((_, code)) if code != benign => Some(KafkaError::AdminOp(code)),
+        _ => None,
+    })
+}
+
 /// rdkafka's admin client for one Kafka cluster (its inner client answers metadata).
 pub struct KafkaAdmin {
     bootstrap: String,
@@ -347,11 +359,11 @@ impl KafkaAdmin {
             .create_topics([&nt], &self.opts())
             .await
             .map_err(|e| self.unreachable(e))?;
-        match res.into_iter().next() {
-            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | Some(Ok(_)) | None => Ok(()),
-            Some(Err((_, code))) => Err(TopicError::CreateTopic {
+        match first_failure(res, RDKafkaErrorCode::TopicAlreadyExists) {
+            None => Ok(()),
+            Some(source) => Err(TopicError::CreateTopic {
                 topic: t.name.clone(),
-                source: KafkaError::AdminOp(code),
+                source,
             }),
         }
     }
@@ -392,12 +404,12 @@ impl KafkaAdmin {
             .alter_configs([&ac], &self.opts())
             .await
             .map_err(|e| self.unreachable(e))?;
-        match res.into_iter().next() {
-            Some(Err((_, code))) => Err(TopicError::AlterTopicConfig {
+        match first_failure(res, RDKafkaErrorCode::NoError) {
+            None => Ok(()),
+            Some(source) => Err(TopicError::AlterTopicConfig {
                 topic: topic.into(),
-                source: KafkaError::AdminOp(code),
+                source,
             }),
-            _ => Ok(()),
         }
     }
 
@@ -408,12 +420,12 @@ impl KafkaAdmin {
             .create_partitions([&np], &self.opts())
             .await
             .map_err(|e| self.unreachable(e))?;
-        match res.into_iter().next() {
-            Some(Err((_, code))) => Err(TopicError::AddPartitions {
+        match first_failure(res, RDKafkaErrorCode::NoError) {
+            None => Ok(()),
+            Some(source) => Err(TopicError::AddPartitions {
                 topic: topic.into(),
-                source: KafkaError::AdminOp(code),
+                source,
             }),
-            _ => Ok(()),
         }
     }
 
@@ -424,17 +436,13 @@ impl KafkaAdmin {
             .delete_topics(&names, &self.opts())
             .await
             .map_err(|e| self.unreachable(e))?;
-        for r in res {
-            if let Err((_, code)) = r
-                && code != RDKafkaErrorCode::UnknownTopicOrPartition
-            {
-                return Err(TopicError::DeleteTopics {
-                    topics: topics.to_vec(),
-                    source: KafkaError::AdminOp(code),
-                });
-            }
+        match first_failure(res, RDKafkaErrorCode::UnknownTopicOrPartition) {
+            None => Ok(()),
+            Some(source) => Err(TopicError::DeleteTopics {
+                topics: topics.to_vec(),
+                source,
+            }),
         }
-        Ok(())
     }
 
     pub async fn delete_group(&self, group: &str) -> Result<(), TopicError> {
@@ -443,17 +451,13 @@ impl KafkaAdmin {
             .delete_groups(&[group], &self.opts())
             .await
             .map_err(|e| self.unreachable(e))?;
-        for r in res {
-            if let Err((_, code)) = r
-                && code != RDKafkaErrorCode::GroupIdNotFound
-            {
-                return Err(TopicError::DeleteGroup {
-                    group: group.into(),
-                    source: KafkaError::AdminOp(code),
-                });
-            }
+        match first_failure(res, RDKafkaErrorCode::GroupIdNotFound) {
+            None => Ok(()),
+            Some(source) => Err(TopicError::DeleteGroup {
+                group: group.into(),
+                source,
+            }),
         }
-        Ok(())
     }
 }
 

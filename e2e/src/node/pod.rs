@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
@@ -24,7 +24,7 @@ use super::AgentShared;
 use super::env::{EnvSources, expand, resolve_env, rewrite_paths};
 use super::images::ImageMap;
 use super::probe::{self, ProbeTarget};
-use super::volumes::{self, VolumeContext};
+use super::volumes::{self, DataSource, VolumeContext};
 
 /// Why a pod's containers stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,30 +370,22 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
             }
         }
     }
-    let cm_api: Api<ConfigMap> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
-    for name in cms {
-        if let Some(cm) = cm_api
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("failed to read ConfigMap {name}: {e}"))?
-        {
-            env.config_maps.insert(name, cm.data.unwrap_or_default());
-        }
-    }
-    let sec_api: Api<Secret> = Api::namespaced(ctx.shared.client.clone(), &ctx.ns);
-    for name in secrets {
-        if let Some(s) = sec_api
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("failed to read Secret {name}: {e}"))?
-        {
-            let data = s
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-                .collect();
-            env.secrets.insert(name, data);
+    for (source, names) in [(DataSource::ConfigMap, cms), (DataSource::Secret, secrets)] {
+        for name in names {
+            let data = volumes::object_data(&ctx.shared.client, &ctx.ns, source, &name)
+                .await
+                .map_err(|e| format!("failed to read {source:?} {name}: {e}"))?;
+            if let Some(data) = data {
+                // Env values are text; invalid UTF-8 is replaced, as the kubelet does.
+                let text = data
+                    .into_iter()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                    .collect();
+                match source {
+                    DataSource::ConfigMap => env.config_maps.insert(name, text),
+                    DataSource::Secret => env.secrets.insert(name, text),
+                };
+            }
         }
     }
     let cx = VolumeContext {

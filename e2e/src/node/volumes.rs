@@ -124,9 +124,10 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
     }
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     if let Some(cm) = &v.config_map {
-        config_map_files(
+        source_files(
             cx,
             &v.name,
+            DataSource::ConfigMap,
             &cm.name,
             cm.items.as_ref(),
             cm.optional,
@@ -135,9 +136,10 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
         .await?;
     } else if let Some(sec) = &v.secret {
         let name = sec.secret_name.clone().unwrap_or_default();
-        secret_files(
+        source_files(
             cx,
             &v.name,
+            DataSource::Secret,
             &name,
             sec.items.as_ref(),
             sec.optional,
@@ -149,9 +151,10 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
     } else if let Some(proj) = &v.projected {
         for s in proj.sources.iter().flatten() {
             if let Some(cm) = &s.config_map {
-                config_map_files(
+                source_files(
                     cx,
                     &v.name,
+                    DataSource::ConfigMap,
                     &cm.name,
                     cm.items.as_ref(),
                     cm.optional,
@@ -160,9 +163,10 @@ async fn prepare_one(cx: &VolumeContext<'_>, v: &Volume) -> Result<PathBuf, Volu
                 .await?;
             }
             if let Some(sec) = &s.secret {
-                secret_files(
+                source_files(
                     cx,
                     &v.name,
+                    DataSource::Secret,
                     &sec.name,
                     sec.items.as_ref(),
                     sec.optional,
@@ -296,77 +300,96 @@ fn select_items(
     }
 }
 
-async fn config_map_files(
-    cx: &VolumeContext<'_>,
-    volume: &str,
-    name: &str,
-    items: Option<&Vec<KeyToPath>>,
-    optional: Option<bool>,
-    out: &mut BTreeMap<String, Vec<u8>>,
-) -> Result<(), VolumeError> {
-    let api: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &ns(cx.pod));
-    match api.get_opt(name).await.map_err(|source| VolumeError::Api {
-        volume: volume.into(),
-        source,
-    })? {
-        Some(cm) => {
-            let mut data: BTreeMap<String, Vec<u8>> = cm
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.into_bytes()))
-                .collect();
-            data.extend(
-                cm.binary_data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.0)),
-            );
-            select_items(data, items, out);
-            Ok(())
+/// Where file or env data comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSource {
+    ConfigMap,
+    Secret,
+}
+
+impl DataSource {
+    fn kind(self) -> &'static str {
+        match self {
+            DataSource::ConfigMap => "ConfigMap",
+            DataSource::Secret => "Secret",
         }
-        None if optional == Some(true) => Ok(()),
-        None => Err(VolumeError::SourceMissing {
-            volume: volume.into(),
-            kind: "ConfigMap",
-            name: name.into(),
-        }),
     }
 }
 
-async fn secret_files(
+/// The data of a ConfigMap (data + binaryData) or a Secret (data + stringData) in the
+/// pod's namespace, as bytes; `None` when it does not exist.
+pub async fn object_data(
+    client: &kube::Client,
+    namespace: &str,
+    source: DataSource,
+    name: &str,
+) -> Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error> {
+    Ok(match source {
+        DataSource::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+            api.get_opt(name).await?.map(|cm| {
+                let mut data: BTreeMap<String, Vec<u8>> = cm
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .collect();
+                data.extend(
+                    cm.binary_data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0)),
+                );
+                data
+            })
+        }
+        DataSource::Secret => {
+            let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+            api.get_opt(name).await?.map(|s| {
+                let mut data: BTreeMap<String, Vec<u8>> = s
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, ByteString(v))| (k, v))
+                    .collect();
+                data.extend(
+                    s.string_data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.into_bytes())),
+                );
+                data
+            })
+        }
+    })
+}
+
+/// Files of a ConfigMap or Secret volume (or projected source), honouring `items` and
+/// `optional`.
+async fn source_files(
     cx: &VolumeContext<'_>,
     volume: &str,
+    source: DataSource,
     name: &str,
     items: Option<&Vec<KeyToPath>>,
     optional: Option<bool>,
     out: &mut BTreeMap<String, Vec<u8>>,
 ) -> Result<(), VolumeError> {
-    let api: Api<Secret> = Api::namespaced(cx.client.clone(), &ns(cx.pod));
-    match api.get_opt(name).await.map_err(|source| VolumeError::Api {
-        volume: volume.into(),
-        source,
-    })? {
-        Some(s) => {
-            let mut data: BTreeMap<String, Vec<u8>> = s
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, ByteString(v))| (k, v))
-                .collect();
-            data.extend(
-                s.string_data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes())),
-            );
+    let data = object_data(cx.client, &ns(cx.pod), source, name)
+        .await
+        .map_err(|source| VolumeError::Api {
+            volume: volume.into(),
+            source,
+        })?;
+    match data {
+        Some(data) => {
             select_items(data, items, out);
             Ok(())
         }
         None if optional == Some(true) => Ok(()),
         None => Err(VolumeError::SourceMissing {
             volume: volume.into(),
-            kind: "Secret",
+            kind: source.kind(),
             name: name.into(),
         }),
     }
