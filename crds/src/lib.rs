@@ -4,10 +4,12 @@
 //! sides must agree on (validation beyond the schema, the task model). It must not
 //! perform I/O: no Kubernetes client, no Kafka client.
 
+pub mod assignment;
 pub mod crd;
 pub mod duration;
 pub mod names;
 pub mod streamapp;
+pub mod topics;
 pub mod validate;
 
 pub use names::{StoreName, TaskId};

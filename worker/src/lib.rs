@@ -1,6 +1,103 @@
-//! The Oxbow worker engine (in progress): the pure pieces of the unit of work and of
-//! windowing. Kafka, RocksDB and HTTP arrive with the rest of the worker issue.
+//! The Oxbow worker engine: Kafka in, steps with RocksDB state, Kafka out, exactly-once.
+//!
+//! - [`config`]: the StreamApp manifest, validated and compiled.
+//! - [`processor`]: the `Processor` trait every step implements (built-in or yours).
+//! - [`steps`]: the built-in steps. [`expr`]: CEL.
+//! - [`task`]: one partition's unit of work; [`overlay`]: its staging area.
+//! - [`store`]: RocksDB per task. [`restore`]: restore decisions.
+//! - [`engine`]: the Kafka loop, commits and restore I/O. [`http`], [`metrics`], [`status`].
+//!
+//! [`run`] is what the binary calls; a custom worker calls [`run_with`] with its own
+//! processors appended to the built-in steps.
 
+pub mod config;
+pub mod engine;
+pub mod expr;
+pub mod http;
+pub mod metrics;
 pub mod overlay;
+pub mod processor;
 pub mod restore;
+pub mod status;
+pub mod steps;
+pub mod store;
+pub mod task;
 pub mod window;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use config::App;
+pub use engine::RunOptions;
+pub use processor::{Context, Processor, ProcessorFactory, Record, StepError};
+
+/// Runs an app until SIGTERM/SIGINT, serving HTTP on `listen`.
+pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Result<()> {
+    let app = Arc::new(app);
+    let shared = Arc::new(status::Shared::default());
+    shared.update(|s| {
+        s.application_id = app.application_id.clone();
+        s.instance = opts.instance;
+        s.instances = opts.instances;
+        s.guarantee = match app.guarantee {
+            oxbow_crds::ProcessingGuarantee::ExactlyOnce => "exactly_once".into(),
+            oxbow_crds::ProcessingGuarantee::AtLeastOnce => "at_least_once".into(),
+        };
+        s.state = "Starting".into();
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    if let Some(addr) = listen {
+        rt.spawn(http::serve(addr, shared.clone()));
+    }
+    {
+        let shared = shared.clone();
+        rt.spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: finishing the current unit of work"),
+                _ = int.recv() => tracing::info!("SIGINT: finishing the current unit of work"),
+            }
+            shared.stop();
+        });
+    }
+    let engine_shared = shared.clone();
+    // The engine is synchronous (librdkafka and RocksDB calls block); it gets its own
+    // thread. A panic there poisons the status mutex, which /healthz then reports.
+    let handle = std::thread::Builder::new()
+        .name("oxbow-engine".into())
+        .spawn(move || -> Result<(), engine::EngineError> {
+            let engine = engine::Engine::start(app, &opts, engine_shared.clone())?;
+            if engine_shared.stopping() {
+                return Ok(());
+            }
+            engine.run()
+        })?;
+    let result = handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    if let Err(e) = &result {
+        shared.update(|s| {
+            s.state = "Failed".into();
+            s.last_error = Some(e.to_string());
+        });
+    }
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result.map_err(Into::into)
+}
+
+/// Like [`run`], with extra processors appended after the spec's steps (before the sink).
+pub fn run_with(
+    mut app: App,
+    extra: Vec<ProcessorFactory>,
+    opts: RunOptions,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    app.steps.extend(extra);
+    run(app, opts, listen)
+}

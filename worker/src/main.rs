@@ -1,9 +1,121 @@
-//! The Oxbow worker. Filled in by the worker issue; for now it only reports its version.
+//! `oxbow-worker`: runs a StreamApp's tasks. Standalone (`--instance N --instances M`)
+//! against any Kafka, or as a pod the operator manages.
 
-fn main() {
-    println!(
-        "oxbow-worker {} ({})",
-        env!("CARGO_PKG_VERSION"),
-        oxbow_crds::API_GROUP
-    );
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(version, about = "Runs a StreamApp: Kafka in, steps with RocksDB state, Kafka out")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Process records until SIGTERM.
+    Run(RunArgs),
+    /// Load and validate a manifest, compile its expressions, and exit.
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print a digest of every store of every task in a state directory (the worker
+    /// must not be running): `<task>/<store> <digest>`. Equal digests, equal state.
+    Digest {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value = "./state")]
+        state_dir: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A StreamApp manifest (YAML or JSON), as applied with kubectl.
+    #[arg(long)]
+    config: PathBuf,
+    /// This worker's number, 0-based. Default: the ordinal of POD_NAME (`app-2` → 2), else 0.
+    #[arg(long, env = "OXBOW_INSTANCE")]
+    instance: Option<u32>,
+    /// How many workers share the tasks.
+    #[arg(long, env = "OXBOW_INSTANCES", default_value_t = 1)]
+    instances: u32,
+    /// Where RocksDB state lives (`<dir>/<applicationId>/<task>/`).
+    #[arg(long, default_value = "./state")]
+    state_dir: PathBuf,
+    /// HTTP address for /healthz, /readyz, /metrics, /v1/status.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// A directory of librdkafka properties, one file each (a mounted Secret).
+    #[arg(long)]
+    kafka_secret_dir: Option<PathBuf>,
+    /// Memory for RocksDB block cache and memtables, all tasks together (MiB).
+    #[arg(long, default_value_t = 256)]
+    memory_mib: usize,
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,librdkafka=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { config } => oxbow_worker::App::load(&config, None)
+            .map(|a| println!("{}: ok ({} steps)", a.application_id, a.steps.len()))
+            .map_err(anyhow::Error::from),
+        Command::Run(a) => run(a),
+        Command::Digest { config, state_dir } => digest(&config, &state_dir),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(a: RunArgs) -> anyhow::Result<()> {
+    let app = oxbow_worker::App::load(&a.config, a.kafka_secret_dir.as_deref())?;
+    let instance = a.instance.unwrap_or_else(|| {
+        std::env::var("POD_NAME")
+            .ok()
+            .and_then(|p| p.rsplit_once('-').and_then(|(_, n)| n.parse().ok()))
+            .unwrap_or(0)
+    });
+    let opts = oxbow_worker::RunOptions {
+        state_dir: a.state_dir,
+        instance,
+        instances: a.instances,
+        memory_budget: a.memory_mib << 20,
+    };
+    tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
+    oxbow_worker::run(app, opts, Some(a.listen))
+}
+
+fn digest(config: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Result<()> {
+    let app = oxbow_worker::App::load(config, None)?;
+    let dir = state_dir.join(&app.application_id);
+    let memory = oxbow_worker::store::SharedMemory::new(16 << 20);
+    let mut tasks: Vec<u32> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tasks.sort_unstable();
+    for t in tasks {
+        let id = oxbow_crds::TaskId(t);
+        let stores: Vec<_> = app.steps.iter().flat_map(|f| f(id).stores()).collect();
+        let db = oxbow_worker::store::TaskDb::open(&dir.join(t.to_string()), id, &stores, &memory)?;
+        for s in &stores {
+            println!("{t}/{s} {:016x}", db.digest(s)?);
+        }
+    }
+    Ok(())
 }

@@ -65,6 +65,11 @@ impl Overlay {
         self.scope.clear();
     }
 
+    /// The record being processed has written something.
+    pub fn has_scope(&self) -> bool {
+        !self.scope.is_empty()
+    }
+
     pub fn pending_records(&self) -> u64 {
         self.records
     }

@@ -1,0 +1,172 @@
+//! The worker's configuration: a `StreamApp` manifest (exactly what a user applies, or
+//! the operator's rendered copy) plus the process's own flags. Loading validates the
+//! spec and compiles every expression, so a bad manifest fails at start, not at the
+//! first record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use oxbow_crds::{ProcessingGuarantee, StreamApp};
+
+use crate::expr::Expr;
+use crate::processor::ProcessorFactory;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("failed to parse {path} as a StreamApp manifest: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("{path} is a {kind}, not an oxbow.dev StreamApp")]
+    NotAStreamApp { path: PathBuf, kind: String },
+    #[error("invalid StreamApp: {}", errors.join("; "))]
+    Invalid { errors: Vec<String> },
+    #[error(transparent)]
+    Compile(#[from] crate::steps::CompileError),
+    #[error("failed to read Kafka secret directory {path}: {source}")]
+    Secret {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A loaded, validated app with its compiled topology.
+pub struct App {
+    pub manifest: StreamApp,
+    pub application_id: String,
+    pub guarantee: ProcessingGuarantee,
+    pub commit_interval: std::time::Duration,
+    pub steps: Vec<ProcessorFactory>,
+    pub timestamp: Option<Expr>,
+    pub sink_key: Option<Expr>,
+    pub sink_value: Option<Expr>,
+    /// librdkafka properties from the spec and the secret directory.
+    pub kafka: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("application_id", &self.application_id)
+            .field("steps", &self.steps.len())
+            .finish()
+    }
+}
+
+pub fn parse_manifest(path: &Path, text: &str) -> Result<StreamApp, ConfigError> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+        path: path.into(),
+        source,
+    })?;
+    let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+    let api = doc.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
+    if kind != "StreamApp" || !api.starts_with("oxbow.dev/") {
+        return Err(ConfigError::NotAStreamApp {
+            path: path.into(),
+            kind: format!("{api} {kind}").trim().to_string(),
+        });
+    }
+    serde_yaml::from_value(doc).map_err(|source| ConfigError::Parse {
+        path: path.into(),
+        source,
+    })
+}
+
+impl App {
+    pub fn load(path: &Path, secret_dir: Option<&Path>) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let manifest = parse_manifest(path, &text)?;
+        let mut kafka = manifest.spec.kafka.properties.clone();
+        if let Some(dir) = secret_dir {
+            kafka.extend(read_secret_dir(dir)?);
+        }
+        Self::from_manifest(manifest, kafka)
+    }
+
+    pub fn from_manifest(manifest: StreamApp, kafka: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let errors = oxbow_crds::validate::validate_spec(&manifest.spec);
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid {
+                errors: errors.iter().map(|e| e.to_string()).collect(),
+            });
+        }
+        let spec = &manifest.spec;
+        let commit_interval = oxbow_crds::duration::parse_duration(&spec.commit_interval)
+            .map_err(|e| ConfigError::Invalid {
+                errors: vec![format!("spec.commitInterval: {e}")],
+            })?;
+        let steps = crate::steps::compile(spec)?;
+        let expr = |path: &str, e: &Option<String>| e.as_deref().map(|e| Expr::compile(path, e)).transpose();
+        let timestamp = expr("spec.source.timestamp", &spec.source.timestamp).map_err(crate::steps::CompileError::from)?;
+        let sink_key = expr("spec.sink.key", &spec.sink.as_ref().and_then(|s| s.key.clone())).map_err(crate::steps::CompileError::from)?;
+        let sink_value = expr("spec.sink.value", &spec.sink.as_ref().and_then(|s| s.value.clone())).map_err(crate::steps::CompileError::from)?;
+        Ok(Self {
+            application_id: manifest.application_id(),
+            guarantee: spec.processing_guarantee,
+            commit_interval,
+            steps,
+            timestamp,
+            sink_key,
+            sink_value,
+            kafka,
+            manifest,
+        })
+    }
+}
+
+/// One file per librdkafka property (a mounted Secret); dotfiles (the kubelet's
+/// `..data` links) are skipped.
+fn read_secret_dir(dir: &Path) -> Result<BTreeMap<String, String>, ConfigError> {
+    let err = |source| ConfigError::Secret {
+        path: dir.into(),
+        source,
+    };
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let entry = entry.map_err(err)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !entry.path().is_file() {
+            continue;
+        }
+        let value = std::fs::read_to_string(entry.path()).map_err(err)?;
+        out.insert(name, value.trim_end_matches('\n').to_string());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_with_a_bad_expression_fails_at_load_naming_the_field() {
+        let text = r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {name: t}
+spec:
+  kafka: {bootstrapServers: "127.0.0.1:1"}
+  source: {topics: [in]}
+  steps:
+  - filter: {cel: "value.x >"}
+"#;
+        let m = parse_manifest(Path::new("t.yaml"), text).expect("parses");
+        let err = App::from_manifest(m, BTreeMap::new()).expect_err("invalid");
+        assert!(err.to_string().contains("spec.steps[0].filter.cel"), "{err}");
+    }
+
+    #[test]
+    fn a_deployment_is_not_taken_for_a_streamapp() {
+        let err = parse_manifest(Path::new("d.yaml"), "apiVersion: apps/v1\nkind: Deployment\n").expect_err("wrong kind");
+        assert_eq!(err.to_string(), "d.yaml is a apps/v1 Deployment, not an oxbow.dev StreamApp");
+    }
+}

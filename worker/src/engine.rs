@@ -1,0 +1,842 @@
+//! The processing loop: Kafka in, tasks, Kafka out, commits, restore. Owns every Kafka
+//! client of the worker and the order of a commit:
+//!
+//! 1. changelog records for the dirty keys (last value per key, with [`SOURCE_HEADER`]);
+//!    outputs and dead letters were already sent as records completed;
+//! 2. exactly-once: the consumer offsets join the task's transaction
+//!    (`<applicationId>-<task>`), which commits; at-least-once: flush, then commit the
+//!    offsets;
+//! 3. one RocksDB WriteBatch with the state and the new changelog/source offsets.
+//!
+//! A crash anywhere leaves RocksDB at an older committed prefix of the changelog, which
+//! restore completes. Any commit or producer failure stops the worker (crash-only): the
+//! restart recovers from committed state rather than guessing what half-happened.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oxbow_crds::names::changelog_topic;
+use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::config::App;
+use crate::expr::Env;
+use crate::metrics::{METRICS, task as task_label};
+use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
+use crate::status::{RestoreProgress, Shared, TaskState, TaskStatus};
+use crate::store::{SharedMemory, StoreError, TaskDb};
+use crate::task::{Output, Outcome, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header, produced_by_committed_work};
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// A task commits early when this many records are pending, whatever the interval.
+const MAX_UNCOMMITTED: u64 = 50_000;
+/// Bulk-load chunk: entries buffered before an SST file is written.
+const INGEST_CHUNK_BYTES: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("failed to create the Kafka {what} client: {source}")]
+    CreateClient { what: &'static str, source: KafkaError },
+    #[error("failed to read metadata of source topics: {0}")]
+    Metadata(KafkaError),
+    #[error(transparent)]
+    Validate(#[from] oxbow_crds::validate::ValidationError),
+    #[error(transparent)]
+    Assign(#[from] oxbow_crds::assignment::AssignmentError),
+    #[error("failed to read committed offsets of group {group}: {source}")]
+    CommittedOffsets { group: String, source: KafkaError },
+    #[error("failed to initialise transactions for {transactional_id}: {source}")]
+    InitTransactions { transactional_id: String, source: KafkaError },
+    #[error("failed to restore store {store} of task {task} from {topic}: {message}")]
+    Restore { task: TaskId, store: String, topic: String, message: String },
+    #[error("failed to produce to {topic}: {source}")]
+    Produce { topic: String, source: KafkaError },
+    #[error("failed to commit task {task}: {source}")]
+    Commit { task: TaskId, source: KafkaError },
+    #[error("failed to commit offsets: {0}")]
+    CommitOffsets(KafkaError),
+    #[error("failed to deliver records: {0}")]
+    Delivery(String),
+    #[error("failed to assign source partitions: {0}")]
+    AssignPartitions(KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("failed to create topic {topic}: {message}")]
+    CreateTopic { topic: String, message: String },
+    #[error("failed to initialise task {task}: {message}")]
+    Init { task: TaskId, message: String },
+}
+
+/// Flags of `oxbow-worker run` that the engine needs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub state_dir: PathBuf,
+    pub instance: u32,
+    pub instances: u32,
+    /// Block cache plus memtables for the whole process.
+    pub memory_budget: usize,
+}
+
+/// Delivery reports of every producer: the last offset per partition (changelog
+/// checkpoints) and the first error.
+#[derive(Default)]
+struct Tracker {
+    offsets: Mutex<HashMap<(String, i32), i64>>,
+    error: Mutex<Option<String>>,
+}
+
+#[derive(Clone)]
+struct Ctx(Arc<Tracker>);
+impl ClientContext for Ctx {}
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(m) => {
+                if let Ok(mut o) = self.0.offsets.lock() {
+                    let e = o.entry((m.topic().to_string(), m.partition())).or_insert(-1);
+                    *e = (*e).max(m.offset());
+                }
+            }
+            Err((e, m)) => {
+                if let Ok(mut err) = self.0.error.lock() {
+                    err.get_or_insert_with(|| format!("{} [{}]: {e}", m.topic(), m.partition()));
+                }
+            }
+        }
+    }
+}
+
+type KProducer = ThreadedProducer<Ctx>;
+
+enum Producers {
+    /// One transactional producer per task: its id fences a zombie of that task.
+    Transactional(BTreeMap<TaskId, (KProducer, bool)>),
+    Shared(KProducer),
+}
+
+fn base_config(app: &App) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &app.manifest.spec.kafka.bootstrap_servers);
+    for (k, v) in &app.kafka {
+        c.set(k, v);
+    }
+    c
+}
+
+fn consumer_config(app: &App, restore: bool) -> ClientConfig {
+    let mut c = base_config(app);
+    c.set("group.id", &app.application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("allow.auto.create.topics", "false")
+        .set("enable.partition.eof", if restore { "true" } else { "false" });
+    if app.guarantee == ProcessingGuarantee::ExactlyOnce {
+        c.set("isolation.level", "read_committed");
+    }
+    c
+}
+
+fn producer(app: &App, tracker: &Arc<Tracker>, transactional_id: Option<&str>) -> Result<KProducer, EngineError> {
+    let mut c = base_config(app);
+    c.set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        // Same partitioning as the Java clients, so keyed outputs land where Kafka
+        // Streams would put them.
+        .set("partitioner", "murmur2_random")
+        .set("compression.type", "lz4");
+    if let Some(id) = transactional_id {
+        c.set("transactional.id", id).set("transaction.timeout.ms", "60000");
+    }
+    c.create_with_context(Ctx(tracker.clone()))
+        .map_err(|source| EngineError::CreateClient { what: "producer", source })
+}
+
+fn send(
+    p: &KProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: Option<OwnedHeaders>,
+    timestamp: Option<i64>,
+) -> Result<(), EngineError> {
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+    if let Some(p) = partition {
+        rec = rec.partition(p);
+    }
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
+    if let Some(h) = headers {
+        rec = rec.headers(h);
+    }
+    if let Some(ts) = timestamp {
+        rec = rec.timestamp(ts);
+    }
+    loop {
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                p.poll(Duration::from_millis(2));
+            }
+            Err((source, _)) => {
+                return Err(EngineError::Produce { topic: topic.to_string(), source });
+            }
+        }
+    }
+}
+
+pub struct Engine {
+    app: Arc<App>,
+    shared: Arc<Shared>,
+    env: Env,
+    consumer: BaseConsumer,
+    producers: Producers,
+    tracker: Arc<Tracker>,
+    tasks: BTreeMap<TaskId, Task>,
+    sink_topic: Option<String>,
+    dlq_topic: Option<String>,
+    /// Committed source offsets per task (what Kafka holds), for the restore filter.
+    committed: BTreeMap<TaskId, BTreeMap<String, i64>>,
+}
+
+impl Engine {
+    /// Connects, finds the tasks, opens and restores their state. Returns when every
+    /// task is ready to process.
+    pub fn start(app: Arc<App>, opts: &RunOptions, shared: Arc<Shared>) -> Result<Self, EngineError> {
+        let spec = &app.manifest.spec;
+        let consumer: BaseConsumer = consumer_config(&app, false)
+            .create()
+            .map_err(|source| EngineError::CreateClient { what: "consumer", source })?;
+        let mut partitions = BTreeMap::new();
+        for topic in &spec.source.topics {
+            let md = consumer.fetch_metadata(Some(topic), KAFKA_TIMEOUT).map_err(EngineError::Metadata)?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map(|t| t.partitions().len() as i32)
+                .filter(|n| *n > 0);
+            partitions.insert(topic.clone(), n);
+        }
+        let task_count = oxbow_crds::validate::task_count(&partitions)?;
+        let all_stores: Vec<StoreName> = app.steps.iter().flat_map(|f| f(TaskId(0)).stores()).collect();
+        ensure_topics(&app, &consumer, task_count, &all_stores)?;
+        let ids = oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?;
+        tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
+        shared.update(|s| {
+            s.state = "Starting".into();
+            s.tasks = ids.iter().map(|t| TaskStatus::new(t.0)).collect();
+        });
+
+        let tracker = Arc::new(Tracker::default());
+        let producers = match app.guarantee {
+            ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(&app, &tracker, None)?),
+            ProcessingGuarantee::ExactlyOnce => {
+                let mut m = BTreeMap::new();
+                for t in &ids {
+                    let tid = app.manifest.transactional_id(*t);
+                    let p = producer(&app, &tracker, Some(&tid))?;
+                    // Fences any older producer with this id and aborts its open
+                    // transaction, so restore below reads only committed data.
+                    p.init_transactions(KAFKA_TIMEOUT)
+                        .map_err(|source| EngineError::InitTransactions { transactional_id: tid.clone(), source })?;
+                    m.insert(*t, (p, false));
+                }
+                Producers::Transactional(m)
+            }
+        };
+
+        // What Kafka says is committed: the truth for where to resume and what to restore.
+        let mut tpl = TopicPartitionList::new();
+        for t in &ids {
+            for topic in &spec.source.topics {
+                tpl.add_partition(topic, t.0 as i32);
+            }
+        }
+        let committed_tpl = consumer
+            .committed_offsets(tpl, KAFKA_TIMEOUT)
+            .map_err(|source| EngineError::CommittedOffsets { group: app.application_id.clone(), source })?;
+        let mut committed: BTreeMap<TaskId, BTreeMap<String, i64>> = BTreeMap::new();
+        for e in committed_tpl.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                committed.entry(TaskId(e.partition() as u32)).or_default().insert(e.topic().to_string(), o);
+            }
+        }
+
+        let memory = SharedMemory::new(opts.memory_budget);
+        let env = Env::default();
+        let restore_consumer: BaseConsumer = consumer_config(&app, true)
+            .create()
+            .map_err(|source| EngineError::CreateClient { what: "restore consumer", source })?;
+        let mut tasks = BTreeMap::new();
+        shared.update(|s| s.state = "Restoring".into());
+        for id in &ids {
+            let processors: Vec<_> = app.steps.iter().map(|f| f(*id)).collect();
+            let stores: Vec<StoreName> = processors.iter().flat_map(|p| p.stores()).collect();
+            let dir = opts.state_dir.join(&app.application_id).join(id.to_string());
+            let db = TaskDb::open(&dir, *id, &stores, &memory)?;
+            let mut task = Task::new(*id, db, processors);
+            let done = committed.get(id).cloned().unwrap_or_default();
+            task.positions = done.clone();
+            shared.task(id.0, |t| t.state = TaskState::Restoring);
+            let progress = restore_task(&app, &restore_consumer, &mut task, &stores, &done, &shared)?;
+            tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
+                seconds = progress.seconds, rate = progress.records_per_second, "restored");
+            task.init(&env).map_err(|e| EngineError::Init { task: *id, message: e.to_string() })?;
+            shared.task(id.0, |t| {
+                t.state = TaskState::Running;
+                t.positions = task.positions.clone();
+            });
+            tasks.insert(*id, task);
+        }
+
+        // Resume each partition at its committed offset (or the log start).
+        let mut assign = TopicPartitionList::new();
+        for id in &ids {
+            for topic in &spec.source.topics {
+                let off = committed.get(id).and_then(|m| m.get(topic)).map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                assign
+                    .add_partition_offset(topic, id.0 as i32, off)
+                    .map_err(EngineError::AssignPartitions)?;
+            }
+        }
+        consumer.assign(&assign).map_err(EngineError::AssignPartitions)?;
+        shared.update(|s| s.state = "Running".into());
+        Ok(Self {
+            sink_topic: spec.sink.as_ref().map(|s| s.topic.clone()),
+            dlq_topic: app.manifest.dead_letter_topic(),
+            app,
+            shared,
+            env,
+            consumer,
+            producers,
+            tracker,
+            tasks,
+            committed,
+        })
+    }
+
+    /// Processes until asked to stop, then commits and returns.
+    pub fn run(mut self) -> Result<(), EngineError> {
+        let interval = self.app.commit_interval;
+        let mut last_commit = Instant::now();
+        let mut last_punctuate = Instant::now();
+        let mut last_report = Instant::now();
+        let mut out = Vec::new();
+        while !self.shared.stopping() {
+            match self.consumer.poll(Duration::from_millis(5)) {
+                Some(Ok(m)) => {
+                    let id = TaskId(m.partition() as u32);
+                    let Some(task) = self.tasks.get_mut(&id) else { continue };
+                    if task.failed.is_some() {
+                        continue;
+                    }
+                    METRICS.records_in.get_or_create(&task_label(id)).inc();
+                    let msg = SourceMessage {
+                        topic: m.topic(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key(),
+                        value: m.payload(),
+                        timestamp: m.timestamp().to_millis(),
+                    };
+                    out.clear();
+                    let outcome = task.process(&self.app, &self.env, &msg, now_ms(), &mut out)?;
+                    let topic = m.topic().to_string();
+                    drop(m);
+                    self.record_outcome(id, &topic, &outcome)?;
+                    self.send_outputs(id, &out)?;
+                }
+                Some(Err(e)) => {
+                    // Broker restarts and the like: librdkafka reconnects by itself.
+                    tracing::warn!(error = %e, "consumer error");
+                }
+                None => {}
+            }
+            if last_punctuate.elapsed() >= Duration::from_millis(100) {
+                last_punctuate = Instant::now();
+                let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
+                for id in ids {
+                    out.clear();
+                    if let Some(task) = self.tasks.get_mut(&id)
+                        && task.failed.is_none()
+                    {
+                        task.punctuate(&self.app, &self.env, now_ms(), &mut out)?;
+                    }
+                    self.send_outputs(id, &out)?;
+                }
+            }
+            let pending = self.tasks.values().map(|t| t.uncommitted).max().unwrap_or(0);
+            if last_commit.elapsed() >= interval || pending >= MAX_UNCOMMITTED {
+                self.commit_all()?;
+                last_commit = Instant::now();
+            }
+            if last_report.elapsed() >= Duration::from_secs(2) {
+                last_report = Instant::now();
+                self.report();
+            }
+        }
+        tracing::info!("stopping: committing the current unit of work");
+        self.shared.update(|s| s.state = "Stopping".into());
+        self.commit_all()?;
+        self.report();
+        Ok(())
+    }
+
+    fn record_outcome(&mut self, id: TaskId, topic: &str, outcome: &Outcome) -> Result<(), EngineError> {
+        match outcome {
+            Outcome::Processed => self.shared.task(id.0, |t| t.processed += 1),
+            Outcome::DeadLettered => {
+                METRICS.dead_letters.get_or_create(&task_label(id)).inc();
+                self.shared.task(id.0, |t| t.dead_letters += 1);
+            }
+            Outcome::Skipped => {
+                METRICS.skipped.get_or_create(&task_label(id)).inc();
+                self.shared.task(id.0, |t| t.skipped += 1);
+            }
+            Outcome::Failed(m) => {
+                tracing::error!(task = %id, error = %m, "task failed (errors.policy: fail); its partitions are paused");
+                let mut tpl = TopicPartitionList::new();
+                for t in &self.app.manifest.spec.source.topics {
+                    tpl.add_partition(t, id.0 as i32);
+                }
+                let _ = self.consumer.pause(&tpl);
+                self.shared.task(id.0, |t| {
+                    t.state = TaskState::Failed;
+                    t.last_error = Some(m.clone());
+                });
+                let _ = topic;
+            }
+        }
+        Ok(())
+    }
+
+    fn producer_for(&mut self, id: TaskId) -> Result<&KProducer, EngineError> {
+        match &mut self.producers {
+            Producers::Shared(p) => Ok(p),
+            Producers::Transactional(m) => {
+                let (p, in_txn) = m.get_mut(&id).ok_or_else(|| EngineError::Init {
+                    task: id,
+                    message: "no producer for task".into(),
+                })?;
+                if !*in_txn {
+                    p.begin_transaction().map_err(|source| EngineError::Commit { task: id, source })?;
+                    *in_txn = true;
+                }
+                Ok(p)
+            }
+        }
+    }
+
+    fn send_outputs(&mut self, id: TaskId, out: &[Output]) -> Result<(), EngineError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (sink, dlq) = (self.sink_topic.clone(), self.dlq_topic.clone());
+        let p = self.producer_for(id)?;
+        let mut sent = 0;
+        for o in out {
+            match o {
+                Output::Sink { key, value, timestamp } => {
+                    if let Some(topic) = &sink {
+                        send(p, topic, None, key.as_deref(), Some(value), None, Some(*timestamp))?;
+                        sent += 1;
+                    }
+                }
+                Output::DeadLetter { key, value, headers } => {
+                    if let Some(topic) = &dlq {
+                        let mut h = OwnedHeaders::new();
+                        for (k, v) in headers {
+                            h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+                        }
+                        send(p, topic, None, key.as_deref(), value.as_deref(), Some(h), None)?;
+                    }
+                }
+            }
+        }
+        METRICS.records_out.get_or_create(&task_label(id)).inc_by(sent);
+        Ok(())
+    }
+
+    fn commit_all(&mut self) -> Result<(), EngineError> {
+        let started = Instant::now();
+        let ids: Vec<TaskId> = self.tasks.iter().filter(|(_, t)| t.uncommitted > 0).map(|(id, _)| *id).collect();
+        let in_txn: Vec<TaskId> = match &self.producers {
+            Producers::Transactional(m) => m.iter().filter(|(_, (_, b))| *b).map(|(id, _)| *id).collect(),
+            Producers::Shared(_) => Vec::new(),
+        };
+        let mut ids = ids;
+        for id in in_txn {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let app_id = self.app.application_id.clone();
+        let mut commits = BTreeMap::new();
+        for id in &ids {
+            let Some(task) = self.tasks.get_mut(id) else { continue };
+            let c = task.take_commit();
+            let mut stores = Vec::new();
+            let p = self.producer_for(*id)?;
+            for ((store, key), value) in &c.writes {
+                let topic = changelog_topic(&app_id, store);
+                let h = OwnedHeaders::new().insert(Header { key: SOURCE_HEADER, value: Some(c.source_header.as_bytes()) });
+                send(p, &topic, Some(id.0 as i32), Some(key), value.as_deref(), Some(h), None)?;
+                if !stores.contains(store) {
+                    stores.push(store.clone());
+                }
+            }
+            if let Producers::Transactional(m) = &mut self.producers
+                && let Some((p, in_txn)) = m.get_mut(id)
+            {
+                let mut tpl = TopicPartitionList::new();
+                for (topic, off) in &c.positions {
+                    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
+                        .map_err(|source| EngineError::Commit { task: *id, source })?;
+                }
+                let gm = self.consumer.group_metadata().ok_or_else(|| EngineError::Init {
+                    task: *id,
+                    message: "the consumer has no group metadata".into(),
+                })?;
+                if tpl.count() > 0 {
+                    p.send_offsets_to_transaction(&tpl, &gm, KAFKA_TIMEOUT)
+                        .map_err(|source| EngineError::Commit { task: *id, source })?;
+                }
+                p.flush(KAFKA_TIMEOUT).map_err(|source| EngineError::Commit { task: *id, source })?;
+                p.commit_transaction(KAFKA_TIMEOUT).map_err(|source| EngineError::Commit { task: *id, source })?;
+                *in_txn = false;
+                self.check_delivery()?;
+                self.apply_commit(*id, &c, &stores)?;
+            } else {
+                commits.insert(*id, (c, stores));
+            }
+        }
+        if let Producers::Shared(p) = &self.producers {
+            p.flush(KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
+            self.check_delivery()?;
+            let mut tpl = TopicPartitionList::new();
+            for (id, (c, _)) in &commits {
+                for (topic, off) in &c.positions {
+                    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
+                        .map_err(EngineError::CommitOffsets)?;
+                }
+            }
+            if tpl.count() > 0 {
+                self.consumer.commit(&tpl, CommitMode::Sync).map_err(EngineError::CommitOffsets)?;
+            }
+            for (id, (c, stores)) in &commits {
+                self.apply_commit(*id, c, stores)?;
+            }
+        }
+        METRICS.commit_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn check_delivery(&self) -> Result<(), EngineError> {
+        match self.tracker.error.lock().ok().and_then(|e| e.clone()) {
+            Some(e) => Err(EngineError::Delivery(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Kafka has the unit of work: now RocksDB gets it, with the offsets it matches.
+    fn apply_commit(&mut self, id: TaskId, c: &crate::task::Commit, stores: &[StoreName]) -> Result<(), EngineError> {
+        let app_id = &self.app.application_id;
+        let offsets = self.tracker.offsets.lock().map(|o| o.clone()).unwrap_or_default();
+        let mut checkpoints = BTreeMap::new();
+        for s in stores {
+            if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.0 as i32)) {
+                checkpoints.insert(s.clone(), o + 1);
+            }
+        }
+        let Some(task) = self.tasks.get(&id) else { return Ok(()) };
+        task.db.commit(&c.writes, &checkpoints, &c.positions)?;
+        self.committed.insert(id, c.positions.clone());
+        METRICS.commits.get_or_create(&task_label(id)).inc();
+        self.shared.task(id.0, |t| {
+            t.commits += 1;
+            t.positions = c.positions.clone();
+        });
+        Ok(())
+    }
+
+    fn report(&mut self) {
+        let topics = self.app.manifest.spec.source.topics.clone();
+        for (id, task) in &self.tasks {
+            let mut lag = 0;
+            for topic in &topics {
+                if let Ok((_, high)) = self.consumer.fetch_watermarks(topic, id.0 as i32, Duration::from_millis(500)) {
+                    let pos = task.positions.get(topic).copied().unwrap_or(0);
+                    lag += (high - pos).max(0);
+                }
+            }
+            METRICS.lag.get_or_create(&task_label(*id)).set(lag);
+            for s in task.db.stores() {
+                METRICS
+                    .store_bytes
+                    .get_or_create(&crate::metrics::StoreLabel { task: id.to_string(), store: s.0.clone() })
+                    .set(task.db.size_bytes(s) as i64);
+            }
+            self.shared.task(id.0, |t| t.lag = Some(lag));
+        }
+    }
+}
+
+/// Restores every store of a task: tail from the checkpoint, or a full rebuild (bulk
+/// loaded by SST ingestion when the store is empty). Records produced by source offsets
+/// at or past the committed offset are skipped.
+fn restore_task(
+    app: &App,
+    consumer: &BaseConsumer,
+    task: &mut Task,
+    stores: &[StoreName],
+    committed: &BTreeMap<String, i64>,
+    shared: &Shared,
+) -> Result<RestoreProgress, EngineError> {
+    let started = Instant::now();
+    let checkpoint = task.db.checkpoint()?;
+    let mut total = RestoreProgress { mode: "upToDate".into(), ..Default::default() };
+    let id = task.id;
+    let mut plans = Vec::new();
+    for store in stores {
+        let topic = changelog_topic(&app.application_id, store);
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
+            .map_err(|e| EngineError::Restore { task: id, store: store.0.clone(), topic: topic.clone(), message: e.to_string() })?;
+        let facts = RestoreFacts {
+            checkpoint: checkpoint.changelog.get(store).copied(),
+            log_start: low,
+            log_end: high,
+            local_empty: task.db.is_empty(store)?,
+        };
+        let p = plan(facts);
+        match &p {
+            RestorePlan::UpToDate => {}
+            RestorePlan::Tail { from, to } => {
+                total.total += (to - from) as u64;
+                if total.mode == "upToDate" {
+                    total.mode = "tail".into();
+                }
+            }
+            RestorePlan::Full { from, to, reason, .. } => {
+                total.total += (to - from) as u64;
+                total.mode = format!("full ({})", match reason {
+                    FullRestoreReason::NoCheckpoint => "no checkpoint",
+                    FullRestoreReason::CheckpointBeyondLog => "checkpoint beyond the changelog end: topic recreated",
+                    FullRestoreReason::CheckpointBeforeLogStart => "checkpoint before the changelog start",
+                });
+            }
+        }
+        plans.push((store.clone(), topic, p));
+    }
+    total.remaining = total.total;
+    shared.task(id.0, |t| t.restore = Some(total.clone()));
+    for (store, topic, p) in plans {
+        let (from, to, bulk) = match p {
+            RestorePlan::UpToDate => continue,
+            RestorePlan::Tail { from, to } => (from, to, false),
+            RestorePlan::Full { from, to, bulk_load, wipe, .. } => {
+                if wipe {
+                    tracing::warn!(task = %id, store = %store, "local store is not a prefix of its changelog: wiping it");
+                    task.db.wipe(&store)?;
+                }
+                (from, to, bulk_load)
+            }
+        };
+        restore_store(consumer, task, &store, &topic, from, to, bulk, committed, &mut total, started, shared)?;
+    }
+    total.remaining = 0;
+    total.seconds = started.elapsed().as_secs_f64();
+    if total.seconds > 0.0 {
+        total.records_per_second = (total.restored + total.skipped) as f64 / total.seconds;
+    }
+    let label = task_label(id);
+    METRICS.restore_restored.get_or_create(&label).set(total.restored as i64);
+    METRICS.restore_remaining.get_or_create(&label).set(0);
+    METRICS.restore_rate.get_or_create(&label).set(total.records_per_second as i64);
+    shared.task(id.0, |t| t.restore = Some(total.clone()));
+    Ok(total)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn restore_store(
+    consumer: &BaseConsumer,
+    task: &mut Task,
+    store: &StoreName,
+    topic: &str,
+    from: i64,
+    to: i64,
+    bulk: bool,
+    committed: &BTreeMap<String, i64>,
+    progress: &mut RestoreProgress,
+    started: Instant,
+    shared: &Shared,
+) -> Result<(), EngineError> {
+    let id = task.id;
+    let fail = |message: String| EngineError::Restore { task: id, store: store.0.clone(), topic: topic.to_string(), message };
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(from)).map_err(|e| fail(e.to_string()))?;
+    consumer.assign(&tpl).map_err(|e| fail(e.to_string()))?;
+    let mut sorted: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+    let mut sorted_bytes = 0usize;
+    let mut batch: Vec<((StoreName, Vec<u8>), Option<Vec<u8>>)> = Vec::new();
+    let mut files = 0usize;
+    let mut last_progress = Instant::now();
+    let mut last_offset = from - 1;
+    let mut idle_since = Instant::now();
+    let base_done = progress.restored + progress.skipped;
+    let base_remaining = progress.remaining;
+    loop {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                idle_since = Instant::now();
+                if m.offset() >= to {
+                    break;
+                }
+                last_offset = m.offset();
+                let header = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == SOURCE_HEADER).and_then(|h| h.value))
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(parse_source_header);
+                if !produced_by_committed_work(header.as_ref(), committed) {
+                    progress.skipped += 1;
+                    continue;
+                }
+                let (Some(key), value) = (m.key(), m.payload()) else {
+                    progress.skipped += 1;
+                    continue;
+                };
+                progress.restored += 1;
+                if bulk {
+                    sorted_bytes += key.len() + value.map_or(0, <[u8]>::len) + 64;
+                    sorted.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+                    if sorted_bytes >= INGEST_CHUNK_BYTES {
+                        task.db.ingest_sorted(store, &sorted, files)?;
+                        files += 1;
+                        sorted.clear();
+                        sorted_bytes = 0;
+                    }
+                } else {
+                    batch.push(((store.clone(), key.to_vec()), value.map(<[u8]>::to_vec)));
+                    if batch.len() >= 10_000 {
+                        let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
+                        task.db.commit(&batch, &cp, &BTreeMap::new())?;
+                        batch.clear();
+                    }
+                }
+                if last_progress.elapsed() >= Duration::from_millis(500) {
+                    last_progress = Instant::now();
+                    let done = (last_offset + 1 - from).max(0) as u64;
+                    progress.remaining = base_remaining.saturating_sub(done);
+                    let secs = started.elapsed().as_secs_f64();
+                    progress.seconds = secs;
+                    progress.records_per_second = (progress.restored + progress.skipped - base_done) as f64 / secs.max(1e-3);
+                    let label = task_label(id);
+                    METRICS.restore_restored.get_or_create(&label).set(progress.restored as i64);
+                    METRICS.restore_remaining.get_or_create(&label).set(progress.remaining as i64);
+                    METRICS.restore_rate.get_or_create(&label).set(progress.records_per_second as i64);
+                    shared.task(id.0, |t| t.restore = Some(progress.clone()));
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => tracing::warn!(task = %id, topic, error = %e, "restore consumer error"),
+            None => {
+                if idle_since.elapsed() > KAFKA_TIMEOUT {
+                    return Err(fail(format!("no progress for {}s at offset {} of {to}", KAFKA_TIMEOUT.as_secs(), last_offset + 1)));
+                }
+            }
+        }
+    }
+    if bulk {
+        task.db.ingest_sorted(store, &sorted, files)?;
+        files += usize::from(!sorted.is_empty());
+        progress.ingested_files += files as u64;
+    }
+    // Checkpoint at the end of what was read: everything before `to` is applied.
+    let cp = BTreeMap::from([(store.clone(), to)]);
+    task.db.commit(&batch, &cp, &BTreeMap::new())?;
+    consumer.unassign().map_err(|e| fail(e.to_string()))?;
+    progress.remaining = base_remaining.saturating_sub((to - from).max(0) as u64);
+    Ok(())
+}
+
+/// Creates the changelog and dead-letter topics that do not exist yet (a standalone
+/// worker has no operator to do it). Existing topics are left as they are, but one with
+/// fewer partitions than tasks is an error: a task would have nowhere to log.
+fn ensure_topics(app: &App, consumer: &BaseConsumer, tasks: i32, stores: &[StoreName]) -> Result<(), EngineError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let mut wanted = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
+    // Stores of custom processors are not in the spec: same defaults as built-in ones.
+    for s in stores {
+        let name = changelog_topic(&app.application_id, s);
+        if !wanted.iter().any(|w| w.name == name)
+            && let Some(template) = wanted.iter().find(|w| w.role == oxbow_crds::topics::Role::Changelog).cloned().or_else(|| {
+                oxbow_crds::topics::changelog_defaults(tasks)
+            })
+        {
+            wanted.push(oxbow_crds::topics::WantedTopic { name, store: Some(s.0.clone()), ..template });
+        }
+    }
+    let mut missing = Vec::new();
+    for w in &wanted {
+        let md = consumer.fetch_metadata(Some(&w.name), KAFKA_TIMEOUT).map_err(EngineError::Metadata)?;
+        match md.topics().iter().find(|t| t.name() == w.name && t.error().is_none()) {
+            Some(t) if (t.partitions().len() as i32) < tasks => {
+                return Err(EngineError::CreateTopic {
+                    topic: w.name.clone(),
+                    message: format!("it exists with {} partitions; the app has {tasks} tasks and needs at least that many", t.partitions().len()),
+                });
+            }
+            Some(_) => {}
+            None => missing.push(w),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = base_config(app)
+        .create()
+        .map_err(|source| EngineError::CreateClient { what: "admin", source })?;
+    let topics: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|w| {
+            let mut t = NewTopic::new(&w.name, w.partitions, TopicReplication::Fixed(w.replication_factor.unwrap_or(-1)));
+            for (k, v) in &w.configs {
+                t = t.set(k, v);
+            }
+            t
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(KAFKA_TIMEOUT));
+    let results = futures::executor::block_on(admin.create_topics(topics.iter(), &opts))
+        .map_err(|e| EngineError::CreateTopic { topic: "*".into(), message: e.to_string() })?;
+    for r in results {
+        match r {
+            Ok(name) => tracing::info!(topic = %name, "created topic"),
+            // Another instance created it first.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(EngineError::CreateTopic { topic, message: code.to_string() }),
+        }
+    }
+    Ok(())
+}

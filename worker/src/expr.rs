@@ -1,0 +1,267 @@
+//! CEL expressions over records: compiled once at start, evaluated per record.
+//!
+//! Records are JSON (`serde_json::Value`); an expression sees `key`, `value` and
+//! `timestamp` (epoch milliseconds). This module owns the conversion between JSON and CEL
+//! values and nothing else: no state, no Kafka.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cel::objects::{Key, Map};
+use cel::{Context, Program, Value};
+use serde_json::Value as Json;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExprError {
+    #[error("{path}: failed to compile CEL expression {expr:?}: {message}")]
+    Compile {
+        path: String,
+        expr: String,
+        message: String,
+    },
+    #[error("failed to evaluate {path} ({expr:?}): {message}")]
+    Evaluate {
+        path: String,
+        expr: String,
+        message: String,
+    },
+    #[error("{path} ({expr:?}) returned {got}, expected {want}")]
+    Type {
+        path: String,
+        expr: String,
+        got: String,
+        want: &'static str,
+    },
+}
+
+/// The stdlib environment shared by every evaluation: building it is not free, so the
+/// worker builds it once and gives each record a child scope.
+pub struct Env {
+    root: Context<'static, 'static>,
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Self {
+            root: Context::default(),
+        }
+    }
+}
+
+/// What an expression sees.
+pub struct Input<'a> {
+    pub key: &'a Json,
+    pub value: &'a Json,
+    pub timestamp: i64,
+}
+
+/// A compiled expression with the field path it came from (for error messages).
+#[derive(Clone)]
+pub struct Expr {
+    path: String,
+    source: String,
+    program: Arc<Program>,
+}
+
+impl std::fmt::Debug for Expr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Expr({}: {:?})", self.path, self.source)
+    }
+}
+
+impl Expr {
+    /// Compiles `source`; the error names the field path and the position CEL reports.
+    pub fn compile(path: impl Into<String>, source: &str) -> Result<Self, ExprError> {
+        let path = path.into();
+        match Program::compile(source) {
+            Ok(p) => Ok(Self {
+                path,
+                source: source.to_string(),
+                program: Arc::new(p),
+            }),
+            Err(e) => Err(ExprError::Compile {
+                path,
+                expr: source.to_string(),
+                message: e.to_string().lines().next().unwrap_or("syntax error").to_string(),
+            }),
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn eval(&self, env: &Env, input: &Input<'_>) -> Result<Value, ExprError> {
+        let mut ctx = env.root.new_inner_scope();
+        ctx.add_variable_from_value("key", to_cel(input.key));
+        ctx.add_variable_from_value("value", to_cel(input.value));
+        ctx.add_variable_from_value("timestamp", Value::Int(input.timestamp));
+        self.program.execute(&ctx).map_err(|e| ExprError::Evaluate {
+            path: self.path.clone(),
+            expr: self.source.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    fn type_error(&self, got: &Value, want: &'static str) -> ExprError {
+        ExprError::Type {
+            path: self.path.clone(),
+            expr: self.source.clone(),
+            got: format!("{:?}", got.type_of()),
+            want,
+        }
+    }
+
+    pub fn json(&self, env: &Env, input: &Input<'_>) -> Result<Json, ExprError> {
+        let v = self.eval(env, input)?;
+        v.json().map_err(|_| self.type_error(&v, "a JSON-representable value"))
+    }
+
+    pub fn bool(&self, env: &Env, input: &Input<'_>) -> Result<bool, ExprError> {
+        match self.eval(env, input)? {
+            Value::Bool(b) => Ok(b),
+            other => Err(self.type_error(&other, "bool")),
+        }
+    }
+
+    pub fn number(&self, env: &Env, input: &Input<'_>) -> Result<f64, ExprError> {
+        match self.eval(env, input)? {
+            Value::Int(i) => Ok(i as f64),
+            Value::UInt(u) => Ok(u as f64),
+            Value::Float(f) if f.is_finite() => Ok(f),
+            other => Err(self.type_error(&other, "a finite number")),
+        }
+    }
+
+    /// A string key: strings as they are, integers and bools in their decimal form.
+    pub fn key(&self, env: &Env, input: &Input<'_>) -> Result<String, ExprError> {
+        match self.eval(env, input)? {
+            Value::String(s) => Ok(s.to_string()),
+            Value::Int(i) => Ok(i.to_string()),
+            Value::UInt(u) => Ok(u.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            other => Err(self.type_error(&other, "a string (or integer) key")),
+        }
+    }
+
+    pub fn list(&self, env: &Env, input: &Input<'_>) -> Result<Vec<Json>, ExprError> {
+        match self.eval(env, input)? {
+            Value::List(l) => l
+                .iter()
+                .map(|v| v.json().map_err(|_| self.type_error(v, "JSON-representable elements")))
+                .collect(),
+            other => Err(self.type_error(&other, "a list")),
+        }
+    }
+
+    /// Epoch milliseconds from an integer or an RFC 3339 string.
+    pub fn timestamp(&self, env: &Env, input: &Input<'_>) -> Result<i64, ExprError> {
+        match self.eval(env, input)? {
+            Value::Int(i) => Ok(i),
+            Value::UInt(u) => i64::try_from(u).map_err(|_| self.type_error(&Value::UInt(u), "epoch milliseconds")),
+            Value::Float(f) if f.is_finite() => Ok(f as i64),
+            Value::String(s) => chrono_millis(&s).ok_or_else(|| self.type_error(&Value::String(s.clone()), "epoch milliseconds or an RFC 3339 timestamp")),
+            Value::Timestamp(t) => Ok(t.timestamp_millis()),
+            other => Err(self.type_error(&other, "epoch milliseconds or an RFC 3339 timestamp")),
+        }
+    }
+}
+
+fn chrono_millis(s: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+/// JSON → CEL. Integers stay integers (so `value.count > 5` compares as ints); other
+/// numbers become doubles.
+pub fn to_cel(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::UInt(u)
+            } else {
+                Value::Float(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        Json::String(s) => Value::String(Arc::new(s.clone())),
+        Json::Array(a) => Value::List(Arc::new(a.iter().map(to_cel).collect())),
+        Json::Object(o) => {
+            let map: HashMap<Key, Value> = o
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+                .collect();
+            Value::Map(Map { map: Arc::new(map) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input<'a>(key: &'a Json, value: &'a Json) -> Input<'a> {
+        Input {
+            key,
+            value,
+            timestamp: 1000,
+        }
+    }
+
+    #[test]
+    fn a_compile_error_names_the_field_and_the_position() {
+        let err = Expr::compile("spec.steps[1].filter.cel", "value.amount >").expect_err("syntax error");
+        let msg = err.to_string();
+        assert!(msg.starts_with("spec.steps[1].filter.cel: failed to compile CEL expression"), "{msg}");
+        assert!(msg.contains("line") || msg.contains(':'), "position missing: {msg}");
+    }
+
+    #[test]
+    fn expressions_see_key_value_and_timestamp() {
+        let env = Env::default();
+        let k = json!("u1");
+        let v = json!({"amount": 120, "tags": ["a", "b"]});
+        let e = Expr::compile("p", "value.amount > 100 && key == 'u1' && timestamp == 1000").expect("compiles");
+        assert!(e.bool(&env, &input(&k, &v)).expect("evaluates"));
+        let m = Expr::compile("p", "{'user': key, 'double': value.amount * 2}").expect("compiles");
+        assert_eq!(m.json(&env, &input(&k, &v)).expect("evaluates"), json!({"user": "u1", "double": 240}));
+        let l = Expr::compile("p", "value.tags").expect("compiles");
+        assert_eq!(l.list(&env, &input(&k, &v)).expect("evaluates"), vec![json!("a"), json!("b")]);
+    }
+
+    #[test]
+    fn a_missing_field_is_an_evaluation_error_not_a_panic() {
+        let env = Env::default();
+        let k = json!(null);
+        let v = json!({"a": 1});
+        let e = Expr::compile("spec.steps[0].map.value", "value.b + 1").expect("compiles");
+        let err = e.json(&env, &input(&k, &v)).expect_err("no such key");
+        assert!(err.to_string().contains("spec.steps[0].map.value"), "{err}");
+    }
+
+    #[test]
+    fn a_wrong_result_type_is_reported_with_what_was_expected() {
+        let env = Env::default();
+        let k = json!(null);
+        let v = json!({"a": "x"});
+        let e = Expr::compile("spec.steps[0].filter.cel", "value.a").expect("compiles");
+        let err = e.bool(&env, &input(&k, &v)).expect_err("not a bool");
+        assert!(err.to_string().contains("expected bool"), "{err}");
+    }
+
+    #[test]
+    fn timestamps_accept_epoch_millis_and_rfc3339() {
+        let env = Env::default();
+        let k = json!(null);
+        let v = json!({"ts": 1700000000000_i64, "at": "2024-01-01T00:00:01Z"});
+        let a = Expr::compile("p", "value.ts").expect("compiles");
+        assert_eq!(a.timestamp(&env, &input(&k, &v)).expect("ok"), 1_700_000_000_000);
+        let b = Expr::compile("p", "value.at").expect("compiles");
+        assert_eq!(b.timestamp(&env, &input(&k, &v)).expect("ok"), 1_704_067_201_000);
+    }
+}

@@ -1,0 +1,132 @@
+//! The `Processor` trait: one step of a topology, built-in or written in Rust.
+//!
+//! A processor sees one record at a time through a [`Context`] that gives it its stores
+//! (reads see the record's own pending writes, then earlier records' writes, then
+//! RocksDB) and the record's source position. Everything a processor writes is part of
+//! the record's unit of work: if any later step fails, the writes vanish. A processor
+//! must keep in-memory data (indexes, caches) as *hints* only, rebuilt in [`Processor::init`]
+//! from the store: a crash loses memory, never the store.
+
+use oxbow_crds::{StoreName, TaskId};
+use serde_json::Value as Json;
+
+use crate::expr::Env;
+use crate::overlay::{Lookup, Overlay};
+use crate::store::{StoreError, TaskDb};
+
+/// A record flowing through the steps. Keys are JSON (usually a string).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub key: Json,
+    pub value: Json,
+    /// Event time, epoch milliseconds.
+    pub timestamp: i64,
+}
+
+/// Where the record being processed came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourcePos {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// This record cannot be processed (bad field, CEL runtime error): it goes to the
+    /// error policy and the partition moves on.
+    #[error("{0}")]
+    Record(String),
+    /// The task cannot go on (state unreadable): the task stops.
+    #[error("failed to access state: {0}")]
+    State(#[from] StoreError),
+}
+
+impl From<crate::expr::ExprError> for StepError {
+    fn from(e: crate::expr::ExprError) -> Self {
+        StepError::Record(e.to_string())
+    }
+}
+
+/// A processor's window on its task: state, source position, CEL environment.
+pub struct Context<'a> {
+    pub(crate) task: TaskId,
+    pub(crate) overlay: &'a mut Overlay,
+    pub(crate) db: &'a TaskDb,
+    pub(crate) env: &'a Env,
+    pub(crate) source: Option<SourcePos>,
+    pub(crate) now_ms: i64,
+}
+
+impl Context<'_> {
+    pub fn task(&self) -> TaskId {
+        self.task
+    }
+    /// The source record being processed; `None` in a punctuation.
+    pub fn source(&self) -> Option<&SourcePos> {
+        self.source.as_ref()
+    }
+    /// Wall-clock time of this unit of work, epoch milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+    pub fn env(&self) -> &Env {
+        self.env
+    }
+    pub fn get(&self, store: &StoreName, key: &[u8]) -> Result<Option<Vec<u8>>, StepError> {
+        match self.overlay.get(store, key) {
+            Lookup::Value(v) => Ok(Some(v.to_vec())),
+            Lookup::Deleted => Ok(None),
+            Lookup::Miss => Ok(self.db.get(store, key)?),
+        }
+    }
+    pub fn put(&mut self, store: &StoreName, key: &[u8], value: Vec<u8>) {
+        self.overlay.put(store, key, value);
+    }
+    pub fn delete(&mut self, store: &StoreName, key: &[u8]) {
+        self.overlay.delete(store, key);
+    }
+    /// Every committed entry of a store (RocksDB only): for [`Processor::init`], which
+    /// runs before any record, when the overlay is empty.
+    pub fn scan(
+        &self,
+        store: &StoreName,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StepError>,
+    ) -> Result<(), StepError> {
+        self.db.scan(store, &mut |k, v| f(k, v))
+    }
+}
+
+/// A step of the topology, one instance per task.
+pub trait Processor: Send {
+    /// The name used in errors, metrics and dead-letter headers.
+    fn name(&self) -> &str;
+    /// The stores this processor reads and writes (one RocksDB column family each).
+    fn stores(&self) -> Vec<StoreName> {
+        Vec::new()
+    }
+    /// After restore, before the first record: rebuild in-memory hints from the stores.
+    fn init(&mut self, _ctx: &mut Context<'_>) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// Processes one record, pushing what goes to the next step onto `out`.
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        record: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError>;
+    /// The record (or punctuation) just finished: `committed` if every step succeeded,
+    /// otherwise its store writes were dropped and in-memory hints changed while
+    /// processing it must be undone.
+    fn end_record(&mut self, _committed: bool) {}
+    /// Called regularly with no record (wall-clock work such as a batch's `maxWait`);
+    /// what it pushes onto `out` goes to the next step.
+    fn punctuate(&mut self, _ctx: &mut Context<'_>, _out: &mut Vec<Record>) -> Result<(), StepError> {
+        Ok(())
+    }
+}
+
+/// Builds a task's instance of a processor. Built-in steps compile their expressions
+/// once and clone them per task.
+pub type ProcessorFactory = std::sync::Arc<dyn Fn(TaskId) -> Box<dyn Processor> + Send + Sync>;

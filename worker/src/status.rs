@@ -1,0 +1,126 @@
+//! What the worker reports about itself (`/v1/status`, `/readyz`), shared between the
+//! engine thread (the only writer) and the HTTP server. If the engine panics while
+//! holding the lock, the mutex is poisoned and readers report the worker as failed
+//! rather than serving a half-written status.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TaskState {
+    Starting,
+    Restoring,
+    Running,
+    Failed,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreProgress {
+    /// upToDate, tail or full (with the reason).
+    pub mode: String,
+    pub restored: u64,
+    /// Changelog records skipped because their source records were not committed.
+    pub skipped: u64,
+    pub total: u64,
+    pub remaining: u64,
+    pub records_per_second: f64,
+    pub seconds: f64,
+    /// SST files ingested (bulk load of an empty store).
+    pub ingested_files: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    pub task: u32,
+    pub state: TaskState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreProgress>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+    /// Next source offset per topic.
+    pub positions: BTreeMap<String, i64>,
+    pub processed: u64,
+    pub dead_letters: u64,
+    pub skipped: u64,
+    pub commits: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Digest of each store's committed content (see `TaskDb::digest`), when asked for.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub digests: BTreeMap<String, String>,
+}
+
+impl TaskStatus {
+    pub fn new(task: u32) -> Self {
+        Self {
+            task,
+            state: TaskState::Starting,
+            restore: None,
+            lag: None,
+            positions: BTreeMap::new(),
+            processed: 0,
+            dead_letters: 0,
+            skipped: 0,
+            commits: 0,
+            last_error: None,
+            digests: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    pub application_id: String,
+    pub instance: u32,
+    pub instances: u32,
+    pub guarantee: String,
+    /// Starting, Restoring, Running, Stopping or Failed.
+    pub state: String,
+    pub tasks: Vec<TaskStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Shared {
+    status: Mutex<WorkerStatus>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+    /// Changes the status under the lock.
+    pub fn update(&self, f: impl FnOnce(&mut WorkerStatus)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+    }
+    pub fn task(&self, task: u32, f: impl FnOnce(&mut TaskStatus)) {
+        self.update(|s| {
+            if let Some(t) = s.tasks.iter_mut().find(|t| t.task == task) {
+                f(t);
+            }
+        });
+    }
+    /// A copy of the status; `None` if the engine panicked mid-update.
+    pub fn snapshot(&self) -> Option<WorkerStatus> {
+        self.status.lock().ok().map(|s| s.clone())
+    }
+    /// Ready: running, with every active task restored and running.
+    pub fn ready(&self) -> bool {
+        self.snapshot().is_some_and(|s| {
+            s.state == "Running" && s.tasks.iter().all(|t| t.state == TaskState::Running)
+        })
+    }
+}

@@ -1,0 +1,411 @@
+//! A task's RocksDB instance: one column family per store plus `oxbow.meta`, which holds
+//! the changelog checkpoints and source offsets written in the same WriteBatch as the
+//! state they describe. This module owns RocksDB; it knows nothing of Kafka.
+//!
+//! Contract: [`TaskDb::commit`] is the only way state and checkpoints change after
+//! restore, and it is atomic (one WriteBatch), so the directory always holds a state
+//! and the changelog offset it corresponds to: a committed prefix of the changelog.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use oxbow_crds::{StoreName, TaskId};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IngestExternalFileOptions, Options,
+    SstFileWriter, WriteBatch, WriteBufferManager, WriteOptions,
+};
+
+const META: &str = "oxbow.meta";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("failed to open the state of task {task} at {path}: {source}")]
+    Open {
+        task: TaskId,
+        path: PathBuf,
+        source: rocksdb::Error,
+    },
+    #[error("failed to read store {store} of task {task}: {source}")]
+    Read {
+        task: TaskId,
+        store: String,
+        source: rocksdb::Error,
+    },
+    #[error("failed to write the state of task {task}: {source}")]
+    Write { task: TaskId, source: rocksdb::Error },
+    #[error("failed to bulk-load store {store} of task {task}: {source}")]
+    Ingest {
+        task: TaskId,
+        store: String,
+        source: rocksdb::Error,
+    },
+    #[error("store {store} is not declared by any step")]
+    UnknownStore { store: String },
+    #[error("failed to prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Memory shared by every task of the process: one block cache and one write-buffer
+/// manager charged to it, so the budget holds however many tasks the pod runs.
+#[derive(Clone)]
+pub struct SharedMemory {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+}
+
+impl SharedMemory {
+    /// `budget_bytes` covers block cache and memtables together.
+    pub fn new(budget_bytes: usize) -> Self {
+        let cache = Cache::new_lru_cache(budget_bytes);
+        let write_buffers =
+            WriteBufferManager::new_write_buffer_manager_with_cache(budget_bytes / 2, false, cache.clone());
+        Self {
+            cache,
+            write_buffers,
+        }
+    }
+
+    fn options(&self) -> Options {
+        let mut o = Options::default();
+        o.create_if_missing(true);
+        o.create_missing_column_families(true);
+        o.set_write_buffer_manager(&self.write_buffers);
+        o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        o.set_max_background_jobs(2);
+        let mut t = BlockBasedOptions::default();
+        t.set_block_cache(&self.cache);
+        t.set_bloom_filter(10.0, false);
+        t.set_cache_index_and_filter_blocks(true);
+        o.set_block_based_table_factory(&t);
+        o
+    }
+}
+
+/// Checkpoints kept with the state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Per store: the next changelog offset not reflected in the local state.
+    pub changelog: BTreeMap<StoreName, i64>,
+    /// Per source topic: the next offset to process (informational; Kafka's committed
+    /// offsets are the truth).
+    pub source: BTreeMap<String, i64>,
+}
+
+pub struct TaskDb {
+    task: TaskId,
+    path: PathBuf,
+    db: DB,
+    stores: Vec<StoreName>,
+    memory: SharedMemory,
+}
+
+impl TaskDb {
+    pub fn open(
+        dir: &Path,
+        task: TaskId,
+        stores: &[StoreName],
+        memory: &SharedMemory,
+    ) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let opts = memory.options();
+        let mut cfs = vec![ColumnFamilyDescriptor::new(META, memory.options())];
+        cfs.extend(
+            stores
+                .iter()
+                .map(|s| ColumnFamilyDescriptor::new(cf_name(s), memory.options())),
+        );
+        // Column families of stores no longer in the topology are kept, not dropped:
+        // a rollback of the spec finds its state again.
+        if let Ok(existing) = DB::list_cf(&opts, dir) {
+            for name in existing {
+                if name != "default" && name != META && !stores.iter().any(|s| cf_name(s) == name) {
+                    cfs.push(ColumnFamilyDescriptor::new(name, memory.options()));
+                }
+            }
+        }
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|source| StoreError::Open {
+            task,
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            task,
+            path: dir.to_path_buf(),
+            db,
+            stores: stores.to_vec(),
+            memory: memory.clone(),
+        })
+    }
+
+    pub fn stores(&self) -> &[StoreName] {
+        &self.stores
+    }
+
+    fn cf(&self, store: &StoreName) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(&cf_name(store))
+            .ok_or_else(|| StoreError::UnknownStore {
+                store: store.0.clone(),
+            })
+    }
+
+    fn meta(&self) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db.cf_handle(META).ok_or_else(|| StoreError::UnknownStore {
+            store: META.into(),
+        })
+    }
+
+    pub fn get(&self, store: &StoreName, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db
+            .get_cf(self.cf(store)?, key)
+            .map_err(|source| StoreError::Read {
+                task: self.task,
+                store: store.0.clone(),
+                source,
+            })
+    }
+
+    pub fn scan(
+        &self,
+        store: &StoreName,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), crate::processor::StepError>,
+    ) -> Result<(), crate::processor::StepError> {
+        for item in self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(|source| StoreError::Read {
+                task: self.task,
+                store: store.0.clone(),
+                source,
+            })?;
+            f(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self, store: &StoreName) -> Result<bool, StoreError> {
+        let mut it = self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start);
+        match it.next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(source)) => Err(StoreError::Read {
+                task: self.task,
+                store: store.0.clone(),
+                source,
+            }),
+        }
+    }
+
+    pub fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
+        let mut c = Checkpoint::default();
+        let meta = self.meta()?;
+        for item in self.db.iterator_cf(meta, rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(|source| StoreError::Read {
+                task: self.task,
+                store: META.into(),
+                source,
+            })?;
+            let (Ok(k), Ok(v)) = (std::str::from_utf8(&k), <[u8; 8]>::try_from(&v[..])) else {
+                continue;
+            };
+            let v = i64::from_be_bytes(v);
+            if let Some(s) = k.strip_prefix("changelog/") {
+                c.changelog.insert(StoreName(s.into()), v);
+            } else if let Some(t) = k.strip_prefix("source/") {
+                c.source.insert(t.into(), v);
+            }
+        }
+        Ok(c)
+    }
+
+    /// Applies a unit of work's state and the offsets it corresponds to, atomically.
+    pub fn commit(
+        &self,
+        writes: &[((StoreName, Vec<u8>), Option<Vec<u8>>)],
+        changelog: &BTreeMap<StoreName, i64>,
+        source: &BTreeMap<String, i64>,
+    ) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for ((store, key), value) in writes {
+            let cf = self.cf(store)?;
+            match value {
+                Some(v) => batch.put_cf(cf, key, v),
+                None => batch.delete_cf(cf, key),
+            }
+        }
+        let meta = self.meta()?;
+        for (store, off) in changelog {
+            batch.put_cf(meta, format!("changelog/{store}"), off.to_be_bytes());
+        }
+        for (topic, off) in source {
+            batch.put_cf(meta, format!("source/{topic}"), off.to_be_bytes());
+        }
+        // No fsync: a process crash keeps the WAL in the page cache; a machine crash may
+        // lose the newest batches, which only makes the checkpoint older (restore reads
+        // a longer tail), never inconsistent.
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db.write_opt(batch, &wo).map_err(|source| StoreError::Write {
+            task: self.task,
+            source,
+        })
+    }
+
+    /// Empties a store (its local copy cannot be trusted) and forgets its checkpoint.
+    pub fn wipe(&mut self, store: &StoreName) -> Result<(), StoreError> {
+        let name = cf_name(store);
+        let write = |source| StoreError::Write {
+            task: self.task,
+            source,
+        };
+        self.db.drop_cf(&name).map_err(write)?;
+        self.db
+            .create_cf(&name, &self.memory.options())
+            .map_err(|source| StoreError::Write {
+                task: self.task,
+                source,
+            })?;
+        let meta = self.meta()?;
+        self.db
+            .delete_cf(meta, format!("changelog/{store}"))
+            .map_err(|source| StoreError::Write {
+                task: self.task,
+                source,
+            })
+    }
+
+    /// Writes sorted entries into an SST file and ingests it: how an empty store is
+    /// rebuilt (no memtable, no WAL, no compaction of single puts).
+    pub fn ingest_sorted(
+        &self,
+        store: &StoreName,
+        entries: &BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+        seq: usize,
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let ingest = |source| StoreError::Ingest {
+            task: self.task,
+            store: store.0.clone(),
+            source,
+        };
+        let dir = self.path.join("ingest");
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let file = dir.join(format!("{store}-{seq}.sst"));
+        let opts = self.memory.options();
+        let mut w = SstFileWriter::create(&opts);
+        w.open(&file).map_err(ingest)?;
+        for (k, v) in entries {
+            match v {
+                Some(v) => w.put(k, v).map_err(ingest)?,
+                None => w.delete(k).map_err(ingest)?,
+            }
+        }
+        w.finish().map_err(ingest)?;
+        let mut io = IngestExternalFileOptions::default();
+        io.set_move_files(true);
+        self.db
+            .ingest_external_file_cf_opts(self.cf(store)?, &io, vec![&file])
+            .map_err(ingest)?;
+        let _ = std::fs::remove_file(&file);
+        Ok(())
+    }
+
+    /// Estimated live bytes of a store, for metrics.
+    pub fn size_bytes(&self, store: &StoreName) -> u64 {
+        self.cf(store)
+            .ok()
+            .and_then(|cf| {
+                self.db
+                    .property_int_value_cf(cf, "rocksdb.estimate-live-data-size")
+                    .ok()
+                    .flatten()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Every entry of a store, for the restore digest and tests.
+    pub fn digest(&self, store: &StoreName) -> Result<u64, StoreError> {
+        // FNV-1a over (key, value) pairs in key order: equal state ⇔ equal digest
+        // (with overwhelming probability), cheap and dependency-free.
+        let mut h: u64 = 0xcbf29ce484222325;
+        let mut feed = |bytes: &[u8]| {
+            for b in (bytes.len() as u64).to_be_bytes().iter().chain(bytes) {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x100000001b3);
+            }
+        };
+        for item in self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(|source| StoreError::Read {
+                task: self.task,
+                store: store.0.clone(),
+                source,
+            })?;
+            feed(&k);
+            feed(&v);
+        }
+        Ok(h)
+    }
+}
+
+fn cf_name(store: &StoreName) -> String {
+    format!("store.{store}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("oxbow-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn state_and_checkpoint_commit_together_and_survive_reopen() {
+        let dir = tmp("reopen");
+        let mem = SharedMemory::new(8 << 20);
+        let s = StoreName("counts".into());
+        {
+            let db = TaskDb::open(&dir, TaskId(0), std::slice::from_ref(&s), &mem).expect("open");
+            assert!(db.is_empty(&s).expect("empty"));
+            let cl = BTreeMap::from([(s.clone(), 42)]);
+            let src = BTreeMap::from([("in".to_string(), 7)]);
+            db.commit(&[((s.clone(), b"a".to_vec()), Some(b"1".to_vec()))], &cl, &src)
+                .expect("commit");
+        }
+        let db = TaskDb::open(&dir, TaskId(0), std::slice::from_ref(&s), &mem).expect("reopen");
+        assert_eq!(db.get(&s, b"a").expect("get"), Some(b"1".to_vec()));
+        let c = db.checkpoint().expect("checkpoint");
+        assert_eq!(c.changelog.get(&s), Some(&42));
+        assert_eq!(c.source.get("in"), Some(&7));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bulk_load_applies_puts_and_later_deletes_in_order() {
+        let dir = tmp("ingest");
+        let mem = SharedMemory::new(8 << 20);
+        let s = StoreName("s".into());
+        let mut db = TaskDb::open(&dir, TaskId(1), std::slice::from_ref(&s), &mem).expect("open");
+        let first = BTreeMap::from([(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), Some(b"2".to_vec()))]);
+        let second = BTreeMap::from([(b"a".to_vec(), None), (b"c".to_vec(), Some(b"3".to_vec()))]);
+        db.ingest_sorted(&s, &first, 0).expect("ingest 1");
+        db.ingest_sorted(&s, &second, 1).expect("ingest 2");
+        assert_eq!(db.get(&s, b"a").expect("get"), None);
+        assert_eq!(db.get(&s, b"b").expect("get"), Some(b"2".to_vec()));
+        assert_eq!(db.get(&s, b"c").expect("get"), Some(b"3".to_vec()));
+        db.wipe(&s).expect("wipe");
+        assert!(db.is_empty(&s).expect("empty"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

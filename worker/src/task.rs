@@ -1,0 +1,382 @@
+//! One task: a partition number of the source topics, its stores, its processors and its
+//! unit of work. Turns a source record into outputs (sink records or a dead letter) and,
+//! at commit, into changelog records plus one WriteBatch. No Kafka I/O here: the engine
+//! sends what this returns.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use oxbow_crds::{ErrorPolicy, RecordFormat, StoreName, TaskId};
+use serde_json::Value as Json;
+
+use crate::config::App;
+use crate::expr::{Env, Input};
+use crate::overlay::Overlay;
+use crate::processor::{Context, Processor, Record, SourcePos, StepError};
+use crate::store::{StoreError, TaskDb};
+
+/// Changelog header carrying the source positions that produced a unit of work's
+/// records: `topic:offset[,topic:offset]`, the last offset processed per topic.
+pub const SOURCE_HEADER: &str = "oxbow.source";
+
+/// A record read from a source topic.
+pub struct SourceMessage<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub timestamp: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    Sink {
+        key: Option<Vec<u8>>,
+        value: Vec<u8>,
+        timestamp: i64,
+    },
+    /// The original bytes with the reason in headers.
+    DeadLetter {
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<(&'static str, String)>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Processed,
+    DeadLettered,
+    Skipped,
+    /// `errors.policy: fail`: the task stops before this record.
+    Failed(String),
+}
+
+/// What a commit writes: changelog records, the WriteBatch, the positions.
+pub struct Commit {
+    pub writes: Vec<((StoreName, Vec<u8>), Option<Vec<u8>>)>,
+    pub source_header: String,
+    pub positions: BTreeMap<String, i64>,
+}
+
+pub struct Task {
+    pub id: TaskId,
+    pub db: TaskDb,
+    overlay: Overlay,
+    processors: Vec<Box<dyn Processor>>,
+    /// Next offset per source topic.
+    pub positions: BTreeMap<String, i64>,
+    /// Something happened since the last commit (records, punctuation output).
+    pub uncommitted: u64,
+    pub failed: Option<String>,
+}
+
+impl Task {
+    pub fn new(id: TaskId, db: TaskDb, processors: Vec<Box<dyn Processor>>) -> Self {
+        Self {
+            id,
+            db,
+            overlay: Overlay::default(),
+            processors,
+            positions: BTreeMap::new(),
+            uncommitted: 0,
+            failed: None,
+        }
+    }
+
+    /// After restore: processors rebuild their in-memory hints from the stores.
+    pub fn init(&mut self, env: &Env) -> Result<(), StepError> {
+        let mut ctx = Context {
+            task: self.id,
+            overlay: &mut self.overlay,
+            db: &self.db,
+            env,
+            source: None,
+            now_ms: now_ms(),
+        };
+        for p in &mut self.processors {
+            p.init(&mut ctx)?;
+        }
+        Ok(())
+    }
+
+    pub fn process(
+        &mut self,
+        app: &App,
+        env: &Env,
+        msg: &SourceMessage<'_>,
+        now: i64,
+        out: &mut Vec<Output>,
+    ) -> Result<Outcome, StoreError> {
+        let source = SourcePos {
+            topic: msg.topic.to_string(),
+            partition: msg.partition,
+            offset: msg.offset,
+        };
+        let mut produced = Vec::new();
+        let result = self.run(app, env, msg, source, now, &mut produced);
+        let outcome = match result {
+            Ok(()) => {
+                self.overlay.commit_record();
+                self.processors.iter_mut().for_each(|p| p.end_record(true));
+                out.extend(produced);
+                Outcome::Processed
+            }
+            Err((step, e)) => {
+                self.overlay.abort_record();
+                self.processors.iter_mut().for_each(|p| p.end_record(false));
+                let message = match e {
+                    StepError::State(e) => return Err(e),
+                    StepError::Record(m) => m,
+                };
+                match app.manifest.spec.errors.policy {
+                    ErrorPolicy::DeadLetter => {
+                        out.push(Output::DeadLetter {
+                            key: msg.key.map(<[u8]>::to_vec),
+                            value: msg.value.map(<[u8]>::to_vec),
+                            headers: vec![
+                                ("oxbow.error", message),
+                                ("oxbow.step", step),
+                                ("oxbow.topic", msg.topic.to_string()),
+                                ("oxbow.partition", msg.partition.to_string()),
+                                ("oxbow.offset", msg.offset.to_string()),
+                            ],
+                        });
+                        Outcome::DeadLettered
+                    }
+                    ErrorPolicy::Skip => {
+                        tracing::warn!(task = %self.id, topic = msg.topic, offset = msg.offset, step = %step, error = %message, "skipping record");
+                        Outcome::Skipped
+                    }
+                    ErrorPolicy::Fail => {
+                        let m = format!(
+                            "record {}/{}@{} failed in step {step}: {message}",
+                            msg.topic, msg.partition, msg.offset
+                        );
+                        self.failed = Some(m.clone());
+                        return Ok(Outcome::Failed(m));
+                    }
+                }
+            }
+        };
+        self.positions.insert(msg.topic.to_string(), msg.offset + 1);
+        self.uncommitted += 1;
+        Ok(outcome)
+    }
+
+    /// Runs every step; on failure returns the step's name with the error.
+    fn run(
+        &mut self,
+        app: &App,
+        env: &Env,
+        msg: &SourceMessage<'_>,
+        source: SourcePos,
+        now: i64,
+        produced: &mut Vec<Output>,
+    ) -> Result<(), (String, StepError)> {
+        let spec = &app.manifest.spec;
+        let key = decode(msg.key, spec.source.key_format)
+            .map_err(|e| ("deserialize".to_string(), StepError::Record(format!("failed to decode key: {e}"))))?;
+        let value = decode(msg.value, spec.source.value_format)
+            .map_err(|e| ("deserialize".to_string(), StepError::Record(format!("failed to decode value: {e}"))))?;
+        let kafka_ts = msg.timestamp.unwrap_or(now);
+        let timestamp = match &app.timestamp {
+            Some(e) => e
+                .timestamp(env, &Input { key: &key, value: &value, timestamp: kafka_ts })
+                .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
+            None => kafka_ts,
+        };
+        let records = vec![Record { key, value, timestamp }];
+        let mut ctx = Context {
+            task: self.id,
+            overlay: &mut self.overlay,
+            db: &self.db,
+            env,
+            source: Some(source),
+            now_ms: now,
+        };
+        let records = run_steps(&mut self.processors, 0, &mut ctx, records)?;
+        sink(app, env, records, produced)
+    }
+
+    /// Wall-clock work of every processor (batch `maxWait`), as its own unit of work.
+    pub fn punctuate(&mut self, app: &App, env: &Env, now: i64, out: &mut Vec<Output>) -> Result<(), StoreError> {
+        let mut produced = Vec::new();
+        let mut ctx = Context {
+            task: self.id,
+            overlay: &mut self.overlay,
+            db: &self.db,
+            env,
+            source: None,
+            now_ms: now,
+        };
+        let mut result = Ok(());
+        for i in 0..self.processors.len() {
+            let mut emitted = Vec::new();
+            let r = self.processors[i]
+                .punctuate(&mut ctx, &mut emitted)
+                .map_err(|e| (self.processors[i].name().to_string(), e))
+                .and_then(|()| run_steps(&mut self.processors, i + 1, &mut ctx, emitted))
+                .and_then(|recs| sink(app, env, recs, &mut produced));
+            if r.is_err() {
+                result = r;
+                break;
+            }
+        }
+        match result {
+            Ok(()) => {
+                let any = self.overlay.has_scope() || !produced.is_empty();
+                self.overlay.commit_record();
+                self.processors.iter_mut().for_each(|p| p.end_record(true));
+                if any {
+                    self.uncommitted += 1;
+                }
+                out.extend(produced);
+                Ok(())
+            }
+            Err((step, e)) => {
+                self.overlay.abort_record();
+                self.processors.iter_mut().for_each(|p| p.end_record(false));
+                match e {
+                    StepError::State(e) => Err(e),
+                    StepError::Record(m) => {
+                        tracing::error!(task = %self.id, step = %step, error = %m, "punctuation failed; its changes were dropped");
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drains the unit of work for a commit.
+    pub fn take_commit(&mut self) -> Commit {
+        self.uncommitted = 0;
+        let source_header = self
+            .positions
+            .iter()
+            .map(|(t, next)| format!("{t}:{}", next - 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        Commit {
+            writes: self.overlay.drain(),
+            source_header,
+            positions: self.positions.clone(),
+        }
+    }
+}
+
+fn run_steps(
+    processors: &mut [Box<dyn Processor>],
+    from: usize,
+    ctx: &mut Context<'_>,
+    mut records: Vec<Record>,
+) -> Result<Vec<Record>, (String, StepError)> {
+    for p in processors.iter_mut().skip(from) {
+        let mut next = Vec::with_capacity(records.len());
+        for r in records {
+            p.process(ctx, r, &mut next).map_err(|e| (p.name().to_string(), e))?;
+        }
+        records = next;
+        if records.is_empty() {
+            break;
+        }
+    }
+    Ok(records)
+}
+
+fn sink(app: &App, env: &Env, records: Vec<Record>, out: &mut Vec<Output>) -> Result<(), (String, StepError)> {
+    if app.manifest.spec.sink.is_none() {
+        return Ok(());
+    }
+    for r in records {
+        let input = Input { key: &r.key, value: &r.value, timestamp: r.timestamp };
+        let key = match &app.sink_key {
+            Some(e) => Json::String(e.key(env, &input).map_err(|e| ("sink".to_string(), e.into()))?),
+            None => r.key.clone(),
+        };
+        let value = match &app.sink_value {
+            Some(e) => e.json(env, &input).map_err(|e| ("sink".to_string(), e.into()))?,
+            None => r.value.clone(),
+        };
+        out.push(Output::Sink {
+            key: encode_key(&key),
+            value: serde_json::to_vec(&value).unwrap_or_default(),
+            timestamp: r.timestamp,
+        });
+    }
+    Ok(())
+}
+
+/// Keys: strings as their bytes, null as no key, anything else as JSON text.
+pub fn encode_key(key: &Json) -> Option<Vec<u8>> {
+    match key {
+        Json::Null => None,
+        Json::String(s) => Some(s.as_bytes().to_vec()),
+        other => Some(serde_json::to_vec(other).unwrap_or_default()),
+    }
+}
+
+pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, String> {
+    let Some(b) = bytes else { return Ok(Json::Null) };
+    match format {
+        RecordFormat::Json => serde_json::from_slice(b).map_err(|e| format!("invalid JSON: {e}")),
+        RecordFormat::String => std::str::from_utf8(b)
+            .map(|s| Json::String(s.to_string()))
+            .map_err(|e| format!("invalid UTF-8: {e}")),
+        RecordFormat::Bytes => Ok(Json::String(base64::engine::general_purpose::STANDARD.encode(b))),
+    }
+}
+
+/// Parses [`SOURCE_HEADER`].
+pub fn parse_source_header(h: &str) -> Option<BTreeMap<String, i64>> {
+    h.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|p| {
+            let (t, o) = p.rsplit_once(':')?;
+            Some((t.to_string(), o.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Restore filter: a changelog record is applied only if every source offset that
+/// produced its unit of work is below the committed offset, i.e. that unit committed.
+pub fn produced_by_committed_work(header: Option<&BTreeMap<String, i64>>, committed: &BTreeMap<String, i64>) -> bool {
+    match header {
+        // Records without the header (written by other tools) are trusted.
+        None => true,
+        Some(h) => h.iter().all(|(t, o)| crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())),
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_header_round_trips_and_filters_uncommitted_work() {
+        let h = parse_source_header("in:41,other:9").expect("parses");
+        let committed = BTreeMap::from([("in".to_string(), 42), ("other".to_string(), 10)]);
+        assert!(produced_by_committed_work(Some(&h), &committed));
+        let behind = BTreeMap::from([("in".to_string(), 41), ("other".to_string(), 10)]);
+        assert!(!produced_by_committed_work(Some(&h), &behind), "offset 41 not committed");
+        assert!(!produced_by_committed_work(Some(&h), &BTreeMap::new()), "nothing committed");
+        assert!(produced_by_committed_work(None, &BTreeMap::new()));
+        assert_eq!(parse_source_header("in:x"), None);
+    }
+
+    #[test]
+    fn malformed_json_is_a_decode_error_and_missing_values_are_null() {
+        assert!(decode(Some(b"{\"a\":"), RecordFormat::Json).is_err());
+        assert_eq!(decode(None, RecordFormat::Json), Ok(Json::Null));
+        assert_eq!(decode(Some(b"k1"), RecordFormat::String), Ok(Json::String("k1".into())));
+        assert!(decode(Some(&[0xff, 0xfe]), RecordFormat::String).is_err());
+    }
+}

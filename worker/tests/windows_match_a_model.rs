@@ -1,0 +1,150 @@
+//! Windows: tumbling, hopping and session windows with `emit: onWindowClose`, fed
+//! records that arrive late (inside and outside grace), checked against a
+//! straightforward model of the rules: stream time is the largest event time seen; a
+//! window closes when stream time reaches its end plus grace; a record is counted in
+//! every window of its own that is still open, and dropped if none is.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+type Key = (String, i64, i64); // key, start, end
+type Agg = (i64, i64); // count, sum
+
+/// (key, ts, amount) in arrival order: mostly in order, some late by a little (inside
+/// grace) and some by a lot (outside), over three keys; the last record moves stream
+/// time far ahead so every earlier window closes.
+fn events() -> Vec<(String, i64, i64)> {
+    let mut v = Vec::new();
+    let mut x: u64 = 42;
+    for i in 0..600i64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let key = format!("u{}", x % 3);
+        let mut ts = i * 1_000;
+        match x % 10 {
+            0 => ts -= 3_000,  // late, inside a 5 s grace
+            1 => ts -= 40_000, // late, outside grace
+            _ => {}
+        }
+        v.push((key, ts.max(0), (x % 50) as i64));
+    }
+    v.push(("u0".into(), 10_000_000, 1));
+    v
+}
+
+fn model(windows: &dyn Fn(i64) -> Vec<(i64, i64)>, grace: i64, session_gap: Option<i64>) -> BTreeMap<Key, Agg> {
+    let mut st = i64::MIN;
+    let mut open: BTreeMap<Key, Agg> = BTreeMap::new();
+    for (k, ts, amount) in events() {
+        st = st.max(ts);
+        match session_gap {
+            None => {
+                for (s, e) in windows(ts) {
+                    if st < e + grace {
+                        let a = open.entry((k.clone(), s, e)).or_default();
+                        a.0 += 1;
+                        a.1 += amount;
+                    }
+                }
+            }
+            Some(gap) => {
+                if st >= ts + gap + grace {
+                    continue; // its own session would already be closed
+                }
+                let (mut s, mut e, mut agg) = (ts, ts + gap, (1, amount));
+                let mergeable: Vec<Key> = open
+                    .keys()
+                    .filter(|(kk, ws, we)| kk == &k && st < we + grace && ts <= *we && ts + gap >= *ws)
+                    .cloned()
+                    .collect();
+                for m in mergeable {
+                    let a = open.remove(&m).unwrap();
+                    s = s.min(m.1);
+                    e = e.max(m.2);
+                    agg = (agg.0 + a.0, agg.1 + a.1);
+                }
+                open.insert((k.clone(), s, e), agg);
+            }
+        }
+    }
+    open.into_iter().filter(|((_, _, e), _)| st >= e + grace).collect()
+}
+
+fn run(name: &str, window_yaml: &str) -> BTreeMap<Key, Agg> {
+    let app = unique(name);
+    let input = format!("{app}-in");
+    create_topic(&input, 1);
+    create_topic(&format!("{app}-out"), 1);
+    produce(&input, events().into_iter().map(|(k, ts, amount)| Input::json(&k, json!({"k": k, "ts": ts, "amount": amount}))));
+    let manifest = format!(
+        r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: {app}}}
+spec:
+  kafka: {{bootstrapServers: "{bootstrap}"}}
+  source: {{topics: [{input}], timestamp: value.ts}}
+  steps:
+  - aggregate:
+      store: w
+      groupBy: value.k
+      window: {window_yaml}
+      emit: onWindowClose
+      fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
+  sink: {{topic: {app}-out}}
+"#,
+        bootstrap = bootstrap()
+    );
+    let dir = scratch_dir(&app);
+    let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
+    w.wait_ready(Duration::from_secs(60));
+    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(60));
+    w.stop();
+    let mut got = BTreeMap::new();
+    for o in read_all(&format!("{app}-out"), "read_committed") {
+        let v = o.json();
+        let k = (v["key"].as_str().unwrap().to_string(), v["windowStart"].as_i64().unwrap(), v["windowEnd"].as_i64().unwrap());
+        let prev = got.insert(k.clone(), (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()));
+        assert!(prev.is_none(), "onWindowClose emits one record per key and window; {k:?} came twice");
+    }
+    got
+}
+
+#[test]
+fn tumbling_windows_with_grace_match_the_model() {
+    let size = 10_000;
+    let want = model(&|ts| vec![(ts - ts.rem_euclid(size), ts - ts.rem_euclid(size) + size)], 5_000, None);
+    assert!(want.len() > 100);
+    assert_eq!(run("tumbling", "{tumbling: 10s, grace: 5s}"), want);
+}
+
+#[test]
+fn hopping_windows_with_grace_match_the_model() {
+    let (size, advance) = (20_000, 5_000);
+    let windows = |ts: i64| {
+        let last = ts - ts.rem_euclid(advance);
+        let mut v = Vec::new();
+        let mut s = last;
+        while s > ts - size {
+            v.push((s, s + size));
+            s -= advance;
+        }
+        v
+    };
+    let want = model(&windows, 5_000, None);
+    assert_eq!(run("hopping", "{hopping: {size: 20s, advance: 5s}, grace: 5s}"), want);
+}
+
+#[test]
+fn session_windows_with_grace_match_the_model() {
+    let want = model(&|_| vec![], 5_000, Some(2_500));
+    assert!(want.values().any(|a| a.0 > 1), "some sessions merged records");
+    assert_eq!(run("session", "{session: {gap: 2500ms}, grace: 5s}"), want);
+}
