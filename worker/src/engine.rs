@@ -212,6 +212,9 @@ pub struct Engine {
     dlq_topic: Option<String>,
     /// Committed source offsets per task (what Kafka holds), for the restore filter.
     committed: BTreeMap<TaskId, BTreeMap<String, i64>>,
+    /// The restore consumer, unassigned after restore: it asks for watermarks (lag) on
+    /// a connection that is not parked in the main consumer's long-poll fetches.
+    side: BaseConsumer,
 }
 
 impl Engine {
@@ -328,6 +331,7 @@ impl Engine {
             tracker,
             tasks,
             committed,
+            side: restore_consumer,
         })
     }
 
@@ -583,7 +587,7 @@ impl Engine {
         for (id, task) in &self.tasks {
             let mut lag = 0;
             for topic in &topics {
-                if let Ok((_, high)) = self.consumer.fetch_watermarks(topic, id.0 as i32, Duration::from_millis(500)) {
+                if let Ok((_, high)) = self.side.fetch_watermarks(topic, id.0 as i32, Duration::from_secs(2)) {
                     let pos = task.positions.get(topic).copied().unwrap_or(0);
                     lag += (high - pos).max(0);
                 }
@@ -691,6 +695,11 @@ fn restore_store(
     shared: &Shared,
 ) -> Result<(), EngineError> {
     let id = task.id;
+    if from >= to {
+        let cp = BTreeMap::from([(store.clone(), to)]);
+        task.db.commit(&[], &cp, &BTreeMap::new())?;
+        return Ok(());
+    }
     let fail = |message: String| EngineError::Restore { task: id, store: store.0.clone(), topic: topic.to_string(), message };
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(from)).map_err(|e| fail(e.to_string()))?;

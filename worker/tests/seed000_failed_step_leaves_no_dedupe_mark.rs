@@ -62,14 +62,16 @@ fn a_record_whose_map_failed_is_processed_exactly_once_after_the_fault_is_fixed(
     let dir = scratch_dir(&app);
     let state = dir.join("state");
 
-    let mut w = WorkerBuilder::new(manifest(&app, "fail", FAULTY), &state).spawn();
-    w.wait_ready(Duration::from_secs(60));
+    // Not ready ever: a failed task keeps /readyz at 503.
+    let w = WorkerBuilder::new(manifest(&app, "fail", FAULTY), &state).spawn();
     let failed = wait_for("the task holding tx-7 to fail", Duration::from_secs(60), || {
         let s = w.status()?;
         s["tasks"].as_array()?.iter().find(|t| t["state"] == "Failed").cloned()
     });
     let err = failed["lastError"].as_str().unwrap();
     assert!(err.contains("map-1") && err.contains("no_such_field"), "error names the step and cause: {err}");
+    let (code, body) = http_get(w.addr, "/readyz").unwrap();
+    assert_eq!(code, 503, "a failed task makes the worker unready: {body}");
     w.stop();
 
     let mut w = WorkerBuilder::new(manifest(&app, "fail", FIXED), &state).spawn();
