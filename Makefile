@@ -10,12 +10,13 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack
+.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
 	@echo "make test    lint, unit tests and the end-to-end suite against the real stack"
 	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + node agent)"
+	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
 
 prereqs:
 	@bash $(STACK)/prereqs.sh
@@ -51,3 +52,8 @@ test-e2e: up
 
 test: lint up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets
+
+# Worker figures on this machine: RECORDS/KEYS/PARTITIONS override the defaults.
+bench-worker: up
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
+	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/bench $(or $(RECORDS),1000000) $(or $(KEYS),100000) $(or $(PARTITIONS),4)

@@ -16,7 +16,11 @@ pub enum AssignmentError {
 }
 
 /// The tasks instance `instance` of `instances` runs in standalone mode.
-pub fn standalone(tasks: u32, instance: u32, instances: u32) -> Result<Vec<TaskId>, AssignmentError> {
+pub fn standalone(
+    tasks: u32,
+    instance: u32,
+    instances: u32,
+) -> Result<Vec<TaskId>, AssignmentError> {
     if instances == 0 {
         return Err(AssignmentError::NoInstances);
     }
@@ -26,7 +30,10 @@ pub fn standalone(tasks: u32, instance: u32, instances: u32) -> Result<Vec<TaskI
             instances,
         });
     }
-    Ok((0..tasks).filter(|t| t % instances == instance).map(TaskId).collect())
+    Ok((0..tasks)
+        .filter(|t| t % instances == instance)
+        .map(TaskId)
+        .collect())
 }
 
 #[cfg(test)]
@@ -50,7 +57,10 @@ mod tests {
     fn an_instance_beyond_the_count_is_rejected() {
         assert_eq!(
             standalone(4, 2, 2),
-            Err(AssignmentError::InstanceOutOfRange { instance: 2, instances: 2 })
+            Err(AssignmentError::InstanceOutOfRange {
+                instance: 2,
+                instances: 2
+            })
         );
         assert_eq!(standalone(4, 0, 0), Err(AssignmentError::NoInstances));
     }

@@ -92,7 +92,6 @@ pub fn wanted_topics(app: &StreamApp, tasks: i32) -> Vec<WantedTopic> {
     out
 }
 
-
 /// A changelog topic with the default settings (for stores the spec does not list, such
 /// as those of custom processors); the caller sets the name.
 pub fn changelog_defaults(tasks: i32) -> Option<WantedTopic> {
@@ -104,7 +103,10 @@ pub fn changelog_defaults(tasks: i32) -> Option<WantedTopic> {
         replication_factor: None,
         configs: BTreeMap::from([
             ("cleanup.policy".to_string(), "compact".to_string()),
-            ("min.cleanable.dirty.ratio".to_string(), DEFAULT_DIRTY_RATIO.to_string()),
+            (
+                "min.cleanable.dirty.ratio".to_string(),
+                DEFAULT_DIRTY_RATIO.to_string(),
+            ),
             ("segment.ms".to_string(), DEFAULT_SEGMENT_MS.to_string()),
         ]),
     })

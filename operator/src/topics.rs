@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use oxbow_crds::topics::{DEFAULT_DIRTY_RATIO, DEFAULT_SEGMENT_MS, Role, WantedTopic, wanted_topics};
+pub use oxbow_crds::topics::{
+    DEFAULT_DIRTY_RATIO, DEFAULT_SEGMENT_MS, Role, WantedTopic, wanted_topics,
+};
 use oxbow_crds::{DriftPolicy, StreamApp, TopicStatus};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{

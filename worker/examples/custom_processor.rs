@@ -29,7 +29,12 @@ impl Processor for RiskScore {
         vec![self.store.clone()]
     }
 
-    fn process(&mut self, ctx: &mut Context<'_>, mut r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        mut r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let card = r.value["card"]
             .as_str()
             .ok_or_else(|| StepError::Record("value.card must be a string".into()))?
@@ -48,14 +53,20 @@ impl Processor for RiskScore {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
     let mut args = std::env::args().skip(1);
-    let (Some(config), Some(state_dir), Some(listen)) = (args.next(), args.next(), args.next()) else {
+    let (Some(config), Some(state_dir), Some(listen)) = (args.next(), args.next(), args.next())
+    else {
         anyhow::bail!("usage: custom_processor <streamapp.yaml> <state-dir> <listen-addr>");
     };
     let app = oxbow_worker::App::load(config.as_ref(), None)?;
-    let risk: oxbow_worker::ProcessorFactory =
-        std::sync::Arc::new(|_task: TaskId| Box::new(RiskScore { store: StoreName("risk".into()) }) as Box<dyn Processor>);
+    let risk: oxbow_worker::ProcessorFactory = std::sync::Arc::new(|_task: TaskId| {
+        Box::new(RiskScore {
+            store: StoreName("risk".into()),
+        }) as Box<dyn Processor>
+    });
     let opts = oxbow_worker::RunOptions {
         state_dir: state_dir.into(),
         instance: 0,

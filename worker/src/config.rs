@@ -60,10 +60,11 @@ impl std::fmt::Debug for App {
 }
 
 pub fn parse_manifest(path: &Path, text: &str) -> Result<StreamApp, ConfigError> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-        path: path.into(),
-        source,
-    })?;
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
     let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("");
     let api = doc.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
     if kind != "StreamApp" || !api.starts_with("oxbow.dev/") {
@@ -92,7 +93,10 @@ impl App {
         Self::from_manifest(manifest, kafka)
     }
 
-    pub fn from_manifest(manifest: StreamApp, kafka: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    pub fn from_manifest(
+        manifest: StreamApp,
+        kafka: BTreeMap<String, String>,
+    ) -> Result<Self, ConfigError> {
         let errors = oxbow_crds::validate::validate_spec(&manifest.spec);
         if !errors.is_empty() {
             return Err(ConfigError::Invalid {
@@ -100,15 +104,28 @@ impl App {
             });
         }
         let spec = &manifest.spec;
-        let commit_interval = oxbow_crds::duration::parse_duration(&spec.commit_interval)
-            .map_err(|e| ConfigError::Invalid {
-                errors: vec![format!("spec.commitInterval: {e}")],
+        let commit_interval =
+            oxbow_crds::duration::parse_duration(&spec.commit_interval).map_err(|e| {
+                ConfigError::Invalid {
+                    errors: vec![format!("spec.commitInterval: {e}")],
+                }
             })?;
         let steps = crate::steps::compile(spec)?;
-        let expr = |path: &str, e: &Option<String>| e.as_deref().map(|e| Expr::compile(path, e)).transpose();
-        let timestamp = expr("spec.source.timestamp", &spec.source.timestamp).map_err(crate::steps::CompileError::from)?;
-        let sink_key = expr("spec.sink.key", &spec.sink.as_ref().and_then(|s| s.key.clone())).map_err(crate::steps::CompileError::from)?;
-        let sink_value = expr("spec.sink.value", &spec.sink.as_ref().and_then(|s| s.value.clone())).map_err(crate::steps::CompileError::from)?;
+        let expr = |path: &str, e: &Option<String>| {
+            e.as_deref().map(|e| Expr::compile(path, e)).transpose()
+        };
+        let timestamp = expr("spec.source.timestamp", &spec.source.timestamp)
+            .map_err(crate::steps::CompileError::from)?;
+        let sink_key = expr(
+            "spec.sink.key",
+            &spec.sink.as_ref().and_then(|s| s.key.clone()),
+        )
+        .map_err(crate::steps::CompileError::from)?;
+        let sink_value = expr(
+            "spec.sink.value",
+            &spec.sink.as_ref().and_then(|s| s.value.clone()),
+        )
+        .map_err(crate::steps::CompileError::from)?;
         Ok(Self {
             application_id: manifest.application_id(),
             guarantee: spec.processing_guarantee,
@@ -161,12 +178,22 @@ spec:
 "#;
         let m = parse_manifest(Path::new("t.yaml"), text).expect("parses");
         let err = App::from_manifest(m, BTreeMap::new()).expect_err("invalid");
-        assert!(err.to_string().contains("spec.steps[0].filter.cel"), "{err}");
+        assert!(
+            err.to_string().contains("spec.steps[0].filter.cel"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_deployment_is_not_taken_for_a_streamapp() {
-        let err = parse_manifest(Path::new("d.yaml"), "apiVersion: apps/v1\nkind: Deployment\n").expect_err("wrong kind");
-        assert_eq!(err.to_string(), "d.yaml is a apps/v1 Deployment, not an oxbow.dev StreamApp");
+        let err = parse_manifest(
+            Path::new("d.yaml"),
+            "apiVersion: apps/v1\nkind: Deployment\n",
+        )
+        .expect_err("wrong kind");
+        assert_eq!(
+            err.to_string(),
+            "d.yaml is a apps/v1 Deployment, not an oxbow.dev StreamApp"
+        );
     }
 }

@@ -33,7 +33,10 @@ use crate::metrics::{METRICS, task as task_label};
 use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
 use crate::status::{RestoreProgress, Shared, TaskState, TaskStatus};
 use crate::store::{SharedMemory, StoreError, TaskDb};
-use crate::task::{Output, Outcome, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header, produced_by_committed_work};
+use crate::task::{
+    Outcome, Output, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header,
+    produced_by_committed_work,
+};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// A task commits early when this many records are pending, whatever the interval.
@@ -44,7 +47,10 @@ const INGEST_CHUNK_BYTES: usize = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("failed to create the Kafka {what} client: {source}")]
-    CreateClient { what: &'static str, source: KafkaError },
+    CreateClient {
+        what: &'static str,
+        source: KafkaError,
+    },
     #[error("failed to read metadata of source topics: {0}")]
     Metadata(KafkaError),
     #[error(transparent)]
@@ -54,9 +60,17 @@ pub enum EngineError {
     #[error("failed to read committed offsets of group {group}: {source}")]
     CommittedOffsets { group: String, source: KafkaError },
     #[error("failed to initialise transactions for {transactional_id}: {source}")]
-    InitTransactions { transactional_id: String, source: KafkaError },
+    InitTransactions {
+        transactional_id: String,
+        source: KafkaError,
+    },
     #[error("failed to restore store {store} of task {task} from {topic}: {message}")]
-    Restore { task: TaskId, store: String, topic: String, message: String },
+    Restore {
+        task: TaskId,
+        store: String,
+        topic: String,
+        message: String,
+    },
     #[error("failed to produce to {topic}: {source}")]
     Produce { topic: String, source: KafkaError },
     #[error("failed to commit task {task}: {source}")]
@@ -102,7 +116,9 @@ impl ProducerContext for Ctx {
         match r {
             Ok(m) => {
                 if let Ok(mut o) = self.0.offsets.lock() {
-                    let e = o.entry((m.topic().to_string(), m.partition())).or_insert(-1);
+                    let e = o
+                        .entry((m.topic().to_string(), m.partition()))
+                        .or_insert(-1);
                     *e = (*e).max(m.offset());
                 }
             }
@@ -125,7 +141,10 @@ enum Producers {
 
 fn base_config(app: &App) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &app.manifest.spec.kafka.bootstrap_servers);
+    c.set(
+        "bootstrap.servers",
+        &app.manifest.spec.kafka.bootstrap_servers,
+    );
     for (k, v) in &app.kafka {
         c.set(k, v);
     }
@@ -139,14 +158,23 @@ fn consumer_config(app: &App, restore: bool) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
-        .set("enable.partition.eof", if restore { "true" } else { "false" });
+        .set("enable.partition.eof", "false");
+    if restore {
+        // Restore reads whole logs: big fetches.
+        c.set("fetch.max.bytes", "104857600")
+            .set("max.partition.fetch.bytes", "16777216");
+    }
     if app.guarantee == ProcessingGuarantee::ExactlyOnce {
         c.set("isolation.level", "read_committed");
     }
     c
 }
 
-fn producer(app: &App, tracker: &Arc<Tracker>, transactional_id: Option<&str>) -> Result<KProducer, EngineError> {
+fn producer(
+    app: &App,
+    tracker: &Arc<Tracker>,
+    transactional_id: Option<&str>,
+) -> Result<KProducer, EngineError> {
     let mut c = base_config(app);
     c.set("enable.idempotence", "true")
         .set("linger.ms", "5")
@@ -155,10 +183,14 @@ fn producer(app: &App, tracker: &Arc<Tracker>, transactional_id: Option<&str>) -
         .set("partitioner", "murmur2_random")
         .set("compression.type", "lz4");
     if let Some(id) = transactional_id {
-        c.set("transactional.id", id).set("transaction.timeout.ms", "60000");
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", "60000");
     }
     c.create_with_context(Ctx(tracker.clone()))
-        .map_err(|source| EngineError::CreateClient { what: "producer", source })
+        .map_err(|source| EngineError::CreateClient {
+            what: "producer",
+            source,
+        })
 }
 
 fn send(
@@ -194,7 +226,10 @@ fn send(
                 p.poll(Duration::from_millis(2));
             }
             Err((source, _)) => {
-                return Err(EngineError::Produce { topic: topic.to_string(), source });
+                return Err(EngineError::Produce {
+                    topic: topic.to_string(),
+                    source,
+                });
             }
         }
     }
@@ -220,14 +255,24 @@ pub struct Engine {
 impl Engine {
     /// Connects, finds the tasks, opens and restores their state. Returns when every
     /// task is ready to process.
-    pub fn start(app: Arc<App>, opts: &RunOptions, shared: Arc<Shared>) -> Result<Self, EngineError> {
+    pub fn start(
+        app: Arc<App>,
+        opts: &RunOptions,
+        shared: Arc<Shared>,
+    ) -> Result<Self, EngineError> {
         let spec = &app.manifest.spec;
-        let consumer: BaseConsumer = consumer_config(&app, false)
-            .create()
-            .map_err(|source| EngineError::CreateClient { what: "consumer", source })?;
+        let consumer: BaseConsumer =
+            consumer_config(&app, false)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "consumer",
+                    source,
+                })?;
         let mut partitions = BTreeMap::new();
         for topic in &spec.source.topics {
-            let md = consumer.fetch_metadata(Some(topic), KAFKA_TIMEOUT).map_err(EngineError::Metadata)?;
+            let md = consumer
+                .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+                .map_err(EngineError::Metadata)?;
             let n = md
                 .topics()
                 .iter()
@@ -237,9 +282,14 @@ impl Engine {
             partitions.insert(topic.clone(), n);
         }
         let task_count = oxbow_crds::validate::task_count(&partitions)?;
-        let all_stores: Vec<StoreName> = app.steps.iter().flat_map(|f| f(TaskId(0)).stores()).collect();
+        let all_stores: Vec<StoreName> = app
+            .steps
+            .iter()
+            .flat_map(|f| f(TaskId(0)).stores())
+            .collect();
         ensure_topics(&app, &consumer, task_count, &all_stores)?;
-        let ids = oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?;
+        let ids =
+            oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?;
         tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
         shared.update(|s| {
             s.state = "Starting".into();
@@ -256,8 +306,12 @@ impl Engine {
                     let p = producer(&app, &tracker, Some(&tid))?;
                     // Fences any older producer with this id and aborts its open
                     // transaction, so restore below reads only committed data.
-                    p.init_transactions(KAFKA_TIMEOUT)
-                        .map_err(|source| EngineError::InitTransactions { transactional_id: tid.clone(), source })?;
+                    p.init_transactions(KAFKA_TIMEOUT).map_err(|source| {
+                        EngineError::InitTransactions {
+                            transactional_id: tid.clone(),
+                            source,
+                        }
+                    })?;
                     m.insert(*t, (p, false));
                 }
                 Producers::Transactional(m)
@@ -273,34 +327,51 @@ impl Engine {
         }
         let committed_tpl = consumer
             .committed_offsets(tpl, KAFKA_TIMEOUT)
-            .map_err(|source| EngineError::CommittedOffsets { group: app.application_id.clone(), source })?;
+            .map_err(|source| EngineError::CommittedOffsets {
+                group: app.application_id.clone(),
+                source,
+            })?;
         let mut committed: BTreeMap<TaskId, BTreeMap<String, i64>> = BTreeMap::new();
         for e in committed_tpl.elements() {
             if let Offset::Offset(o) = e.offset() {
-                committed.entry(TaskId(e.partition() as u32)).or_default().insert(e.topic().to_string(), o);
+                committed
+                    .entry(TaskId(e.partition() as u32))
+                    .or_default()
+                    .insert(e.topic().to_string(), o);
             }
         }
 
         let memory = SharedMemory::new(opts.memory_budget);
         let env = Env::default();
-        let restore_consumer: BaseConsumer = consumer_config(&app, true)
-            .create()
-            .map_err(|source| EngineError::CreateClient { what: "restore consumer", source })?;
+        let restore_consumer: BaseConsumer =
+            consumer_config(&app, true)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "restore consumer",
+                    source,
+                })?;
         let mut tasks = BTreeMap::new();
         shared.update(|s| s.state = "Restoring".into());
         for id in &ids {
             let processors: Vec<_> = app.steps.iter().map(|f| f(*id)).collect();
             let stores: Vec<StoreName> = processors.iter().flat_map(|p| p.stores()).collect();
-            let dir = opts.state_dir.join(&app.application_id).join(id.to_string());
+            let dir = opts
+                .state_dir
+                .join(&app.application_id)
+                .join(id.to_string());
             let db = TaskDb::open(&dir, *id, &stores, &memory)?;
             let mut task = Task::new(*id, db, processors);
             let done = committed.get(id).cloned().unwrap_or_default();
             task.positions = done.clone();
             shared.task(id.0, |t| t.state = TaskState::Restoring);
-            let progress = restore_task(&app, &restore_consumer, &mut task, &stores, &done, &shared)?;
+            let progress =
+                restore_task(&app, &restore_consumer, &mut task, &stores, &done, &shared)?;
             tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
                 seconds = progress.seconds, rate = progress.records_per_second, "restored");
-            task.init(&env).map_err(|e| EngineError::Init { task: *id, message: e.to_string() })?;
+            task.init(&env).map_err(|e| EngineError::Init {
+                task: *id,
+                message: e.to_string(),
+            })?;
             shared.task(id.0, |t| {
                 t.state = TaskState::Running;
                 t.positions = task.positions.clone();
@@ -312,13 +383,18 @@ impl Engine {
         let mut assign = TopicPartitionList::new();
         for id in &ids {
             for topic in &spec.source.topics {
-                let off = committed.get(id).and_then(|m| m.get(topic)).map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                let off = committed
+                    .get(id)
+                    .and_then(|m| m.get(topic))
+                    .map_or(Offset::Beginning, |o| Offset::Offset(*o));
                 assign
                     .add_partition_offset(topic, id.0 as i32, off)
                     .map_err(EngineError::AssignPartitions)?;
             }
         }
-        consumer.assign(&assign).map_err(EngineError::AssignPartitions)?;
+        consumer
+            .assign(&assign)
+            .map_err(EngineError::AssignPartitions)?;
         shared.update(|s| s.state = "Running".into());
         Ok(Self {
             sink_topic: spec.sink.as_ref().map(|s| s.topic.clone()),
@@ -346,7 +422,9 @@ impl Engine {
             match self.consumer.poll(Duration::from_millis(5)) {
                 Some(Ok(m)) => {
                     let id = TaskId(m.partition() as u32);
-                    let Some(task) = self.tasks.get_mut(&id) else { continue };
+                    let Some(task) = self.tasks.get_mut(&id) else {
+                        continue;
+                    };
                     if task.failed.is_some() {
                         continue;
                     }
@@ -385,7 +463,12 @@ impl Engine {
                     self.send_outputs(id, &out)?;
                 }
             }
-            let pending = self.tasks.values().map(|t| t.uncommitted).max().unwrap_or(0);
+            let pending = self
+                .tasks
+                .values()
+                .map(|t| t.uncommitted)
+                .max()
+                .unwrap_or(0);
             if last_commit.elapsed() >= interval || pending >= MAX_UNCOMMITTED {
                 self.commit_all()?;
                 last_commit = Instant::now();
@@ -402,7 +485,12 @@ impl Engine {
         Ok(())
     }
 
-    fn record_outcome(&mut self, id: TaskId, topic: &str, outcome: &Outcome) -> Result<(), EngineError> {
+    fn record_outcome(
+        &mut self,
+        id: TaskId,
+        topic: &str,
+        outcome: &Outcome,
+    ) -> Result<(), EngineError> {
         match outcome {
             Outcome::Processed => self.shared.task(id.0, |t| t.processed += 1),
             Outcome::DeadLettered => {
@@ -439,7 +527,8 @@ impl Engine {
                     message: "no producer for task".into(),
                 })?;
                 if !*in_txn {
-                    p.begin_transaction().map_err(|source| EngineError::Commit { task: id, source })?;
+                    p.begin_transaction()
+                        .map_err(|source| EngineError::Commit { task: id, source })?;
                     *in_txn = true;
                 }
                 Ok(p)
@@ -456,32 +545,71 @@ impl Engine {
         let mut sent = 0;
         for o in out {
             match o {
-                Output::Sink { key, value, timestamp } => {
+                Output::Sink {
+                    key,
+                    value,
+                    timestamp,
+                } => {
                     if let Some(topic) = &sink {
-                        send(p, topic, None, key.as_deref(), Some(value), None, Some(*timestamp))?;
+                        send(
+                            p,
+                            topic,
+                            None,
+                            key.as_deref(),
+                            Some(value),
+                            None,
+                            Some(*timestamp),
+                        )?;
                         sent += 1;
                     }
                 }
-                Output::DeadLetter { key, value, headers } => {
+                Output::DeadLetter {
+                    key,
+                    value,
+                    headers,
+                } => {
                     if let Some(topic) = &dlq {
                         let mut h = OwnedHeaders::new();
                         for (k, v) in headers {
-                            h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+                            h = h.insert(Header {
+                                key: k,
+                                value: Some(v.as_bytes()),
+                            });
                         }
-                        send(p, topic, None, key.as_deref(), value.as_deref(), Some(h), None)?;
+                        send(
+                            p,
+                            topic,
+                            None,
+                            key.as_deref(),
+                            value.as_deref(),
+                            Some(h),
+                            None,
+                        )?;
                     }
                 }
             }
         }
-        METRICS.records_out.get_or_create(&task_label(id)).inc_by(sent);
+        METRICS
+            .records_out
+            .get_or_create(&task_label(id))
+            .inc_by(sent);
         Ok(())
     }
 
     fn commit_all(&mut self) -> Result<(), EngineError> {
         let started = Instant::now();
-        let ids: Vec<TaskId> = self.tasks.iter().filter(|(_, t)| t.uncommitted > 0).map(|(id, _)| *id).collect();
+        let ids: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.uncommitted > 0)
+            .map(|(id, _)| *id)
+            .collect();
         let in_txn: Vec<TaskId> = match &self.producers {
-            Producers::Transactional(m) => m.iter().filter(|(_, (_, b))| *b).map(|(id, _)| *id).collect(),
+            Producers::Transactional(m) => m
+                .iter()
+                .filter(|(_, (_, b))| *b)
+                .map(|(id, _)| *id)
+                .collect(),
             Producers::Shared(_) => Vec::new(),
         };
         let mut ids = ids;
@@ -496,14 +624,27 @@ impl Engine {
         let app_id = self.app.application_id.clone();
         let mut commits = BTreeMap::new();
         for id in &ids {
-            let Some(task) = self.tasks.get_mut(id) else { continue };
+            let Some(task) = self.tasks.get_mut(id) else {
+                continue;
+            };
             let c = task.take_commit();
             let mut stores = Vec::new();
             let p = self.producer_for(*id)?;
             for ((store, key), value) in &c.writes {
                 let topic = changelog_topic(&app_id, store);
-                let h = OwnedHeaders::new().insert(Header { key: SOURCE_HEADER, value: Some(c.source_header.as_bytes()) });
-                send(p, &topic, Some(id.0 as i32), Some(key), value.as_deref(), Some(h), None)?;
+                let h = OwnedHeaders::new().insert(Header {
+                    key: SOURCE_HEADER,
+                    value: Some(c.source_header.as_bytes()),
+                });
+                send(
+                    p,
+                    &topic,
+                    Some(id.0 as i32),
+                    Some(key),
+                    value.as_deref(),
+                    Some(h),
+                    None,
+                )?;
                 if !stores.contains(store) {
                     stores.push(store.clone());
                 }
@@ -516,16 +657,21 @@ impl Engine {
                     tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
                         .map_err(|source| EngineError::Commit { task: *id, source })?;
                 }
-                let gm = self.consumer.group_metadata().ok_or_else(|| EngineError::Init {
-                    task: *id,
-                    message: "the consumer has no group metadata".into(),
-                })?;
+                let gm = self
+                    .consumer
+                    .group_metadata()
+                    .ok_or_else(|| EngineError::Init {
+                        task: *id,
+                        message: "the consumer has no group metadata".into(),
+                    })?;
                 if tpl.count() > 0 {
                     p.send_offsets_to_transaction(&tpl, &gm, KAFKA_TIMEOUT)
                         .map_err(|source| EngineError::Commit { task: *id, source })?;
                 }
-                p.flush(KAFKA_TIMEOUT).map_err(|source| EngineError::Commit { task: *id, source })?;
-                p.commit_transaction(KAFKA_TIMEOUT).map_err(|source| EngineError::Commit { task: *id, source })?;
+                p.flush(KAFKA_TIMEOUT)
+                    .map_err(|source| EngineError::Commit { task: *id, source })?;
+                p.commit_transaction(KAFKA_TIMEOUT)
+                    .map_err(|source| EngineError::Commit { task: *id, source })?;
                 *in_txn = false;
                 self.check_delivery()?;
                 self.apply_commit(*id, &c, &stores)?;
@@ -534,7 +680,8 @@ impl Engine {
             }
         }
         if let Producers::Shared(p) = &self.producers {
-            p.flush(KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
+            p.flush(KAFKA_TIMEOUT)
+                .map_err(|e| EngineError::Delivery(e.to_string()))?;
             self.check_delivery()?;
             let mut tpl = TopicPartitionList::new();
             for (id, (c, _)) in &commits {
@@ -544,13 +691,17 @@ impl Engine {
                 }
             }
             if tpl.count() > 0 {
-                self.consumer.commit(&tpl, CommitMode::Sync).map_err(EngineError::CommitOffsets)?;
+                self.consumer
+                    .commit(&tpl, CommitMode::Sync)
+                    .map_err(EngineError::CommitOffsets)?;
             }
             for (id, (c, stores)) in &commits {
                 self.apply_commit(*id, c, stores)?;
             }
         }
-        METRICS.commit_seconds.observe(started.elapsed().as_secs_f64());
+        METRICS
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 
@@ -562,16 +713,28 @@ impl Engine {
     }
 
     /// Kafka has the unit of work: now RocksDB gets it, with the offsets it matches.
-    fn apply_commit(&mut self, id: TaskId, c: &crate::task::Commit, stores: &[StoreName]) -> Result<(), EngineError> {
+    fn apply_commit(
+        &mut self,
+        id: TaskId,
+        c: &crate::task::Commit,
+        stores: &[StoreName],
+    ) -> Result<(), EngineError> {
         let app_id = &self.app.application_id;
-        let offsets = self.tracker.offsets.lock().map(|o| o.clone()).unwrap_or_default();
+        let offsets = self
+            .tracker
+            .offsets
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_default();
         let mut checkpoints = BTreeMap::new();
         for s in stores {
             if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.0 as i32)) {
                 checkpoints.insert(s.clone(), o + 1);
             }
         }
-        let Some(task) = self.tasks.get(&id) else { return Ok(()) };
+        let Some(task) = self.tasks.get(&id) else {
+            return Ok(());
+        };
         task.db.commit(&c.writes, &checkpoints, &c.positions)?;
         self.committed.insert(id, c.positions.clone());
         METRICS.commits.get_or_create(&task_label(id)).inc();
@@ -587,7 +750,10 @@ impl Engine {
         for (id, task) in &self.tasks {
             let mut lag = 0;
             for topic in &topics {
-                if let Ok((_, high)) = self.side.fetch_watermarks(topic, id.0 as i32, Duration::from_secs(2)) {
+                if let Ok((_, high)) =
+                    self.side
+                        .fetch_watermarks(topic, id.0 as i32, Duration::from_secs(2))
+                {
                     let pos = task.positions.get(topic).copied().unwrap_or(0);
                     lag += (high - pos).max(0);
                 }
@@ -596,7 +762,10 @@ impl Engine {
             for s in task.db.stores() {
                 METRICS
                     .store_bytes
-                    .get_or_create(&crate::metrics::StoreLabel { task: id.to_string(), store: s.0.clone() })
+                    .get_or_create(&crate::metrics::StoreLabel {
+                        task: id.to_string(),
+                        store: s.0.clone(),
+                    })
                     .set(task.db.size_bytes(s) as i64);
             }
             self.shared.task(id.0, |t| t.lag = Some(lag));
@@ -617,14 +786,22 @@ fn restore_task(
 ) -> Result<RestoreProgress, EngineError> {
     let started = Instant::now();
     let checkpoint = task.db.checkpoint()?;
-    let mut total = RestoreProgress { mode: "upToDate".into(), ..Default::default() };
+    let mut total = RestoreProgress {
+        mode: "upToDate".into(),
+        ..Default::default()
+    };
     let id = task.id;
     let mut plans = Vec::new();
     for store in stores {
         let topic = changelog_topic(&app.application_id, store);
         let (low, high) = consumer
             .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
-            .map_err(|e| EngineError::Restore { task: id, store: store.0.clone(), topic: topic.clone(), message: e.to_string() })?;
+            .map_err(|e| EngineError::Restore {
+                task: id,
+                store: store.0.clone(),
+                topic: topic.clone(),
+                message: e.to_string(),
+            })?;
         let facts = RestoreFacts {
             checkpoint: checkpoint.changelog.get(store).copied(),
             log_start: low,
@@ -640,13 +817,20 @@ fn restore_task(
                     total.mode = "tail".into();
                 }
             }
-            RestorePlan::Full { from, to, reason, .. } => {
+            RestorePlan::Full {
+                from, to, reason, ..
+            } => {
                 total.total += (to - from) as u64;
-                total.mode = format!("full ({})", match reason {
-                    FullRestoreReason::NoCheckpoint => "no checkpoint",
-                    FullRestoreReason::CheckpointBeyondLog => "checkpoint beyond the changelog end: topic recreated",
-                    FullRestoreReason::CheckpointBeforeLogStart => "checkpoint before the changelog start",
-                });
+                total.mode = format!(
+                    "full ({})",
+                    match reason {
+                        FullRestoreReason::NoCheckpoint => "no checkpoint",
+                        FullRestoreReason::CheckpointBeyondLog =>
+                            "checkpoint beyond the changelog end: topic recreated",
+                        FullRestoreReason::CheckpointBeforeLogStart =>
+                            "checkpoint before the changelog start",
+                    }
+                );
             }
         }
         plans.push((store.clone(), topic, p));
@@ -657,7 +841,13 @@ fn restore_task(
         let (from, to, bulk) = match p {
             RestorePlan::UpToDate => continue,
             RestorePlan::Tail { from, to } => (from, to, false),
-            RestorePlan::Full { from, to, bulk_load, wipe, .. } => {
+            RestorePlan::Full {
+                from,
+                to,
+                bulk_load,
+                wipe,
+                ..
+            } => {
                 if wipe {
                     tracing::warn!(task = %id, store = %store, "local store is not a prefix of its changelog: wiping it");
                     task.db.wipe(&store)?;
@@ -665,7 +855,9 @@ fn restore_task(
                 (from, to, bulk_load)
             }
         };
-        restore_store(consumer, task, &store, &topic, from, to, bulk, committed, &mut total, started, shared)?;
+        restore_store(
+            consumer, task, &store, &topic, from, to, bulk, committed, &mut total, started, shared,
+        )?;
     }
     total.remaining = 0;
     total.seconds = started.elapsed().as_secs_f64();
@@ -673,9 +865,15 @@ fn restore_task(
         total.records_per_second = (total.restored + total.skipped) as f64 / total.seconds;
     }
     let label = task_label(id);
-    METRICS.restore_restored.get_or_create(&label).set(total.restored as i64);
+    METRICS
+        .restore_restored
+        .get_or_create(&label)
+        .set(total.restored as i64);
     METRICS.restore_remaining.get_or_create(&label).set(0);
-    METRICS.restore_rate.get_or_create(&label).set(total.records_per_second as i64);
+    METRICS
+        .restore_rate
+        .get_or_create(&label)
+        .set(total.records_per_second as i64);
     shared.task(id.0, |t| t.restore = Some(total.clone()));
     Ok(total)
 }
@@ -700,9 +898,15 @@ fn restore_store(
         task.db.commit(&[], &cp, &BTreeMap::new())?;
         return Ok(());
     }
-    let fail = |message: String| EngineError::Restore { task: id, store: store.0.clone(), topic: topic.to_string(), message };
+    let fail = |message: String| EngineError::Restore {
+        task: id,
+        store: store.0.clone(),
+        topic: topic.to_string(),
+        message,
+    };
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(from)).map_err(|e| fail(e.to_string()))?;
+    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(from))
+        .map_err(|e| fail(e.to_string()))?;
     consumer.assign(&tpl).map_err(|e| fail(e.to_string()))?;
     let mut sorted: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
     let mut sorted_bytes = 0usize;
@@ -714,7 +918,7 @@ fn restore_store(
     let base_done = progress.restored + progress.skipped;
     let base_remaining = progress.remaining;
     loop {
-        match consumer.poll(Duration::from_millis(500)) {
+        match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 idle_since = Instant::now();
                 if m.offset() >= to {
@@ -723,7 +927,11 @@ fn restore_store(
                 last_offset = m.offset();
                 let header = m
                     .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == SOURCE_HEADER).and_then(|h| h.value))
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == SOURCE_HEADER)
+                            .and_then(|h| h.value)
+                    })
                     .and_then(|v| std::str::from_utf8(v).ok())
                     .and_then(parse_source_header);
                 if !produced_by_committed_work(header.as_ref(), committed) {
@@ -758,19 +966,41 @@ fn restore_store(
                     progress.remaining = base_remaining.saturating_sub(done);
                     let secs = started.elapsed().as_secs_f64();
                     progress.seconds = secs;
-                    progress.records_per_second = (progress.restored + progress.skipped - base_done) as f64 / secs.max(1e-3);
+                    progress.records_per_second =
+                        (progress.restored + progress.skipped - base_done) as f64 / secs.max(1e-3);
                     let label = task_label(id);
-                    METRICS.restore_restored.get_or_create(&label).set(progress.restored as i64);
-                    METRICS.restore_remaining.get_or_create(&label).set(progress.remaining as i64);
-                    METRICS.restore_rate.get_or_create(&label).set(progress.records_per_second as i64);
+                    METRICS
+                        .restore_restored
+                        .get_or_create(&label)
+                        .set(progress.restored as i64);
+                    METRICS
+                        .restore_remaining
+                        .get_or_create(&label)
+                        .set(progress.remaining as i64);
+                    METRICS
+                        .restore_rate
+                        .get_or_create(&label)
+                        .set(progress.records_per_second as i64);
                     shared.task(id.0, |t| t.restore = Some(progress.clone()));
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => break,
             Some(Err(e)) => tracing::warn!(task = %id, topic, error = %e, "restore consumer error"),
             None => {
+                // The end may be a transaction marker or aborted records, which are
+                // never delivered: the fetch position tells when the log is consumed.
+                let at_end = consumer.position().ok().is_some_and(|tpl| {
+                    tpl.find_partition(topic, id.0 as i32)
+                        .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= to))
+                });
+                if at_end {
+                    break;
+                }
                 if idle_since.elapsed() > KAFKA_TIMEOUT {
-                    return Err(fail(format!("no progress for {}s at offset {} of {to}", KAFKA_TIMEOUT.as_secs(), last_offset + 1)));
+                    return Err(fail(format!(
+                        "no progress for {}s at offset {} of {to}",
+                        KAFKA_TIMEOUT.as_secs(),
+                        last_offset + 1
+                    )));
                 }
             }
         }
@@ -791,7 +1021,12 @@ fn restore_store(
 /// Creates the changelog and dead-letter topics that do not exist yet (a standalone
 /// worker has no operator to do it). Existing topics are left as they are, but one with
 /// fewer partitions than tasks is an error: a task would have nowhere to log.
-fn ensure_topics(app: &App, consumer: &BaseConsumer, tasks: i32, stores: &[StoreName]) -> Result<(), EngineError> {
+fn ensure_topics(
+    app: &App,
+    consumer: &BaseConsumer,
+    tasks: i32,
+    stores: &[StoreName],
+) -> Result<(), EngineError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let mut wanted = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
@@ -799,21 +1034,36 @@ fn ensure_topics(app: &App, consumer: &BaseConsumer, tasks: i32, stores: &[Store
     for s in stores {
         let name = changelog_topic(&app.application_id, s);
         if !wanted.iter().any(|w| w.name == name)
-            && let Some(template) = wanted.iter().find(|w| w.role == oxbow_crds::topics::Role::Changelog).cloned().or_else(|| {
-                oxbow_crds::topics::changelog_defaults(tasks)
-            })
+            && let Some(template) = wanted
+                .iter()
+                .find(|w| w.role == oxbow_crds::topics::Role::Changelog)
+                .cloned()
+                .or_else(|| oxbow_crds::topics::changelog_defaults(tasks))
         {
-            wanted.push(oxbow_crds::topics::WantedTopic { name, store: Some(s.0.clone()), ..template });
+            wanted.push(oxbow_crds::topics::WantedTopic {
+                name,
+                store: Some(s.0.clone()),
+                ..template
+            });
         }
     }
     let mut missing = Vec::new();
     for w in &wanted {
-        let md = consumer.fetch_metadata(Some(&w.name), KAFKA_TIMEOUT).map_err(EngineError::Metadata)?;
-        match md.topics().iter().find(|t| t.name() == w.name && t.error().is_none()) {
+        let md = consumer
+            .fetch_metadata(Some(&w.name), KAFKA_TIMEOUT)
+            .map_err(EngineError::Metadata)?;
+        match md
+            .topics()
+            .iter()
+            .find(|t| t.name() == w.name && t.error().is_none())
+        {
             Some(t) if (t.partitions().len() as i32) < tasks => {
                 return Err(EngineError::CreateTopic {
                     topic: w.name.clone(),
-                    message: format!("it exists with {} partitions; the app has {tasks} tasks and needs at least that many", t.partitions().len()),
+                    message: format!(
+                        "it exists with {} partitions; the app has {tasks} tasks and needs at least that many",
+                        t.partitions().len()
+                    ),
                 });
             }
             Some(_) => {}
@@ -823,13 +1073,21 @@ fn ensure_topics(app: &App, consumer: &BaseConsumer, tasks: i32, stores: &[Store
     if missing.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = base_config(app)
-        .create()
-        .map_err(|source| EngineError::CreateClient { what: "admin", source })?;
+    let admin: AdminClient<DefaultClientContext> =
+        base_config(app)
+            .create()
+            .map_err(|source| EngineError::CreateClient {
+                what: "admin",
+                source,
+            })?;
     let topics: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|w| {
-            let mut t = NewTopic::new(&w.name, w.partitions, TopicReplication::Fixed(w.replication_factor.unwrap_or(-1)));
+            let mut t = NewTopic::new(
+                &w.name,
+                w.partitions,
+                TopicReplication::Fixed(w.replication_factor.unwrap_or(-1)),
+            );
             for (k, v) in &w.configs {
                 t = t.set(k, v);
             }
@@ -837,14 +1095,24 @@ fn ensure_topics(app: &App, consumer: &BaseConsumer, tasks: i32, stores: &[Store
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(KAFKA_TIMEOUT));
-    let results = futures::executor::block_on(admin.create_topics(topics.iter(), &opts))
-        .map_err(|e| EngineError::CreateTopic { topic: "*".into(), message: e.to_string() })?;
+    let results =
+        futures::executor::block_on(admin.create_topics(topics.iter(), &opts)).map_err(|e| {
+            EngineError::CreateTopic {
+                topic: "*".into(),
+                message: e.to_string(),
+            }
+        })?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "created topic"),
             // Another instance created it first.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(EngineError::CreateTopic { topic, message: code.to_string() }),
+            Err((topic, code)) => {
+                return Err(EngineError::CreateTopic {
+                    topic,
+                    message: code.to_string(),
+                });
+            }
         }
     }
     Ok(())

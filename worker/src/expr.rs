@@ -82,7 +82,12 @@ impl Expr {
             Err(e) => Err(ExprError::Compile {
                 path,
                 expr: source.to_string(),
-                message: e.to_string().lines().next().unwrap_or("syntax error").to_string(),
+                message: e
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("syntax error")
+                    .to_string(),
             }),
         }
     }
@@ -114,7 +119,8 @@ impl Expr {
 
     pub fn json(&self, env: &Env, input: &Input<'_>) -> Result<Json, ExprError> {
         let v = self.eval(env, input)?;
-        v.json().map_err(|_| self.type_error(&v, "a JSON-representable value"))
+        v.json()
+            .map_err(|_| self.type_error(&v, "a JSON-representable value"))
     }
 
     pub fn bool(&self, env: &Env, input: &Input<'_>) -> Result<bool, ExprError> {
@@ -148,7 +154,10 @@ impl Expr {
         match self.eval(env, input)? {
             Value::List(l) => l
                 .iter()
-                .map(|v| v.json().map_err(|_| self.type_error(v, "JSON-representable elements")))
+                .map(|v| {
+                    v.json()
+                        .map_err(|_| self.type_error(v, "JSON-representable elements"))
+                })
                 .collect(),
             other => Err(self.type_error(&other, "a list")),
         }
@@ -158,9 +167,16 @@ impl Expr {
     pub fn timestamp(&self, env: &Env, input: &Input<'_>) -> Result<i64, ExprError> {
         match self.eval(env, input)? {
             Value::Int(i) => Ok(i),
-            Value::UInt(u) => i64::try_from(u).map_err(|_| self.type_error(&Value::UInt(u), "epoch milliseconds")),
+            Value::UInt(u) => {
+                i64::try_from(u).map_err(|_| self.type_error(&Value::UInt(u), "epoch milliseconds"))
+            }
             Value::Float(f) if f.is_finite() => Ok(f as i64),
-            Value::String(s) => chrono_millis(&s).ok_or_else(|| self.type_error(&Value::String(s.clone()), "epoch milliseconds or an RFC 3339 timestamp")),
+            Value::String(s) => chrono_millis(&s).ok_or_else(|| {
+                self.type_error(
+                    &Value::String(s.clone()),
+                    "epoch milliseconds or an RFC 3339 timestamp",
+                )
+            }),
             Value::Timestamp(t) => Ok(t.timestamp_millis()),
             other => Err(self.type_error(&other, "epoch milliseconds or an RFC 3339 timestamp")),
         }
@@ -215,10 +231,17 @@ mod tests {
 
     #[test]
     fn a_compile_error_names_the_field_and_the_position() {
-        let err = Expr::compile("spec.steps[1].filter.cel", "value.amount >").expect_err("syntax error");
+        let err =
+            Expr::compile("spec.steps[1].filter.cel", "value.amount >").expect_err("syntax error");
         let msg = err.to_string();
-        assert!(msg.starts_with("spec.steps[1].filter.cel: failed to compile CEL expression"), "{msg}");
-        assert!(msg.contains("line") || msg.contains(':'), "position missing: {msg}");
+        assert!(
+            msg.starts_with("spec.steps[1].filter.cel: failed to compile CEL expression"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("line") || msg.contains(':'),
+            "position missing: {msg}"
+        );
     }
 
     #[test]
@@ -226,12 +249,22 @@ mod tests {
         let env = Env::default();
         let k = json!("u1");
         let v = json!({"amount": 120, "tags": ["a", "b"]});
-        let e = Expr::compile("p", "value.amount > 100 && key == 'u1' && timestamp == 1000").expect("compiles");
+        let e = Expr::compile(
+            "p",
+            "value.amount > 100 && key == 'u1' && timestamp == 1000",
+        )
+        .expect("compiles");
         assert!(e.bool(&env, &input(&k, &v)).expect("evaluates"));
         let m = Expr::compile("p", "{'user': key, 'double': value.amount * 2}").expect("compiles");
-        assert_eq!(m.json(&env, &input(&k, &v)).expect("evaluates"), json!({"user": "u1", "double": 240}));
+        assert_eq!(
+            m.json(&env, &input(&k, &v)).expect("evaluates"),
+            json!({"user": "u1", "double": 240})
+        );
         let l = Expr::compile("p", "value.tags").expect("compiles");
-        assert_eq!(l.list(&env, &input(&k, &v)).expect("evaluates"), vec![json!("a"), json!("b")]);
+        assert_eq!(
+            l.list(&env, &input(&k, &v)).expect("evaluates"),
+            vec![json!("a"), json!("b")]
+        );
     }
 
     #[test]
@@ -260,8 +293,14 @@ mod tests {
         let k = json!(null);
         let v = json!({"ts": 1700000000000_i64, "at": "2024-01-01T00:00:01Z"});
         let a = Expr::compile("p", "value.ts").expect("compiles");
-        assert_eq!(a.timestamp(&env, &input(&k, &v)).expect("ok"), 1_700_000_000_000);
+        assert_eq!(
+            a.timestamp(&env, &input(&k, &v)).expect("ok"),
+            1_700_000_000_000
+        );
         let b = Expr::compile("p", "value.at").expect("compiles");
-        assert_eq!(b.timestamp(&env, &input(&k, &v)).expect("ok"), 1_704_067_201_000);
+        assert_eq!(
+            b.timestamp(&env, &input(&k, &v)).expect("ok"),
+            1_704_067_201_000
+        );
     }
 }

@@ -56,7 +56,10 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         let shared = shared.clone();
         rt.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
                 return;
             };
             tokio::select! {

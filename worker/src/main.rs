@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(version, about = "Runs a StreamApp: Kafka in, steps with RocksDB state, Kafka out")]
+#[command(
+    version,
+    about = "Runs a StreamApp: Kafka in, steps with RocksDB state, Kafka out"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

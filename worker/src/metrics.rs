@@ -56,22 +56,64 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         registry: Registry::default(),
     };
     registry.register("records_in", "Source records read", m.records_in.clone());
-    registry.register("records_out", "Records produced to the sink", m.records_out.clone());
-    registry.register("dead_letters", "Records sent to the dead-letter topic", m.dead_letters.clone());
-    registry.register("skipped", "Records dropped by the skip error policy", m.skipped.clone());
-    registry.register("late_records_dropped", "Records whose every window had closed", m.late_dropped.clone());
+    registry.register(
+        "records_out",
+        "Records produced to the sink",
+        m.records_out.clone(),
+    );
+    registry.register(
+        "dead_letters",
+        "Records sent to the dead-letter topic",
+        m.dead_letters.clone(),
+    );
+    registry.register(
+        "skipped",
+        "Records dropped by the skip error policy",
+        m.skipped.clone(),
+    );
+    registry.register(
+        "late_records_dropped",
+        "Records whose every window had closed",
+        m.late_dropped.clone(),
+    );
     registry.register("commits", "Units of work committed", m.commits.clone());
-    registry.register("commit_seconds", "Time to commit a unit of work (Kafka and RocksDB)", m.commit_seconds.clone());
-    registry.register("restore_restored_records", "Changelog records restored in the current restore", m.restore_restored.clone());
-    registry.register("restore_remaining_records", "Changelog records left to restore", m.restore_remaining.clone());
-    registry.register("restore_records_per_second", "Restore rate", m.restore_rate.clone());
-    registry.register("store_bytes", "Estimated live bytes per store", m.store_bytes.clone());
-    registry.register("lag_records", "Source records not yet processed", m.lag.clone());
+    registry.register(
+        "commit_seconds",
+        "Time to commit a unit of work (Kafka and RocksDB)",
+        m.commit_seconds.clone(),
+    );
+    registry.register(
+        "restore_restored_records",
+        "Changelog records restored in the current restore",
+        m.restore_restored.clone(),
+    );
+    registry.register(
+        "restore_remaining_records",
+        "Changelog records left to restore",
+        m.restore_remaining.clone(),
+    );
+    registry.register(
+        "restore_records_per_second",
+        "Restore rate",
+        m.restore_rate.clone(),
+    );
+    registry.register(
+        "store_bytes",
+        "Estimated live bytes per store",
+        m.store_bytes.clone(),
+    );
+    registry.register(
+        "lag_records",
+        "Source records not yet processed",
+        m.lag.clone(),
+    );
     Metrics { registry, ..m }
 });
 
 pub fn task(t: oxbow_crds::TaskId) -> TaskLabel {
-    TaskLabel { task: t.to_string() }
+    TaskLabel {
+        task: t.to_string(),
+    }
 }
 
 pub fn late_record() {

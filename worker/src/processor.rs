@@ -122,7 +122,11 @@ pub trait Processor: Send {
     fn end_record(&mut self, _committed: bool) {}
     /// Called regularly with no record (wall-clock work such as a batch's `maxWait`);
     /// what it pushes onto `out` goes to the next step.
-    fn punctuate(&mut self, _ctx: &mut Context<'_>, _out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn punctuate(
+        &mut self,
+        _ctx: &mut Context<'_>,
+        _out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         Ok(())
     }
 }

@@ -64,8 +64,16 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
         } else if let Some(m) = &step.map {
             let proc = Map {
                 name,
-                key: m.key.as_deref().map(|e| Expr::compile(format!("{p}.map.key"), e)).transpose()?,
-                value: m.value.as_deref().map(|e| Expr::compile(format!("{p}.map.value"), e)).transpose()?,
+                key: m
+                    .key
+                    .as_deref()
+                    .map(|e| Expr::compile(format!("{p}.map.key"), e))
+                    .transpose()?,
+                value: m
+                    .value
+                    .as_deref()
+                    .map(|e| Expr::compile(format!("{p}.map.value"), e))
+                    .transpose()?,
             };
             out.push(std::sync::Arc::new(move |_| Box::new(proc.clone())));
         } else if let Some(f) = &step.flat_map {
@@ -86,7 +94,8 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
         } else {
             return Err(CompileError::Invalid {
                 path: p,
-                message: "a step must set one of filter, map, flatMap, dedupe, aggregate or batch".into(),
+                message: "a step must set one of filter, map, flatMap, dedupe, aggregate or batch"
+                    .into(),
             });
         }
     }
@@ -103,7 +112,12 @@ impl Processor for Filter {
     fn name(&self) -> &str {
         &self.name
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         if self.cel.bool(ctx.env(), &input(&r))? {
             out.push(r);
         }
@@ -122,7 +136,12 @@ impl Processor for Map {
     fn name(&self) -> &str {
         &self.name
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let key = match &self.key {
             Some(e) => Json::String(e.key(ctx.env(), &input(&r))?),
             None => r.key.clone(),
@@ -150,7 +169,12 @@ impl Processor for FlatMap {
     fn name(&self) -> &str {
         &self.name
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         for value in self.cel.list(ctx.env(), &input(&r))? {
             out.push(Record {
                 key: r.key.clone(),
@@ -205,7 +229,10 @@ impl Processor for Dedupe {
         let within = self.within;
         ctx.scan(&self.store, &mut |k, v| {
             if let (Some(id), Some(seen)) = (k.strip_prefix(b"k"), be_i64(v)) {
-                expiry.insert((seen.saturating_add(within), String::from_utf8_lossy(id).into_owned()));
+                expiry.insert((
+                    seen.saturating_add(within),
+                    String::from_utf8_lossy(id).into_owned(),
+                ));
                 st = st.max(seen);
             }
             Ok(())
@@ -220,7 +247,12 @@ impl Processor for Dedupe {
             self.expiry.extend(undo);
         }
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let id = self.id.key(ctx.env(), &input(&r))?;
         let key = [b"k".as_slice(), id.as_bytes()].concat();
         let seen = ctx.get(&self.store, &key)?.as_deref().and_then(be_i64);
@@ -244,7 +276,8 @@ impl Processor for Dedupe {
             Some(t) if (r.timestamp - t).abs() <= self.within => Ok(()),
             _ => {
                 ctx.put(&self.store, &key, r.timestamp.to_be_bytes().to_vec());
-                self.expiry.insert((r.timestamp.saturating_add(self.within), id));
+                self.expiry
+                    .insert((r.timestamp.saturating_add(self.within), id));
                 out.push(r);
                 Ok(())
             }
@@ -256,12 +289,30 @@ impl Processor for Dedupe {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "k")]
 pub enum Acc {
-    Count { n: i64 },
-    Sum { int: i64, float: f64, is_float: bool },
-    Min { v: Option<f64>, is_float: bool },
-    Max { v: Option<f64>, is_float: bool },
-    Avg { sum: f64, n: i64 },
-    Last { v: Json, ts: i64 },
+    Count {
+        n: i64,
+    },
+    Sum {
+        int: i64,
+        float: f64,
+        is_float: bool,
+    },
+    Min {
+        v: Option<f64>,
+        is_float: bool,
+    },
+    Max {
+        v: Option<f64>,
+        is_float: bool,
+    },
+    Avg {
+        sum: f64,
+        n: i64,
+    },
+    Last {
+        v: Json,
+        ts: i64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,11 +337,24 @@ impl Acc {
     fn new(kind: AggKind) -> Self {
         match kind {
             AggKind::Count => Acc::Count { n: 0 },
-            AggKind::Sum => Acc::Sum { int: 0, float: 0.0, is_float: false },
-            AggKind::Min => Acc::Min { v: None, is_float: false },
-            AggKind::Max => Acc::Max { v: None, is_float: false },
+            AggKind::Sum => Acc::Sum {
+                int: 0,
+                float: 0.0,
+                is_float: false,
+            },
+            AggKind::Min => Acc::Min {
+                v: None,
+                is_float: false,
+            },
+            AggKind::Max => Acc::Max {
+                v: None,
+                is_float: false,
+            },
             AggKind::Avg => Acc::Avg { sum: 0.0, n: 0 },
-            AggKind::Last => Acc::Last { v: Json::Null, ts: i64::MIN },
+            AggKind::Last => Acc::Last {
+                v: Json::Null,
+                ts: i64::MIN,
+            },
         }
     }
 
@@ -299,7 +363,11 @@ impl Acc {
         let float = !(x.is_i64() || x.is_u64());
         match self {
             Acc::Count { n } => *n += 1,
-            Acc::Sum { int, float: fl, is_float } => {
+            Acc::Sum {
+                int,
+                float: fl,
+                is_float,
+            } => {
                 if float {
                     *is_float = true;
                     *fl += f;
@@ -332,19 +400,42 @@ impl Acc {
     fn merge(&mut self, other: &Acc) {
         match (self, other) {
             (Acc::Count { n }, Acc::Count { n: m }) => *n += m,
-            (Acc::Sum { int, float, is_float }, Acc::Sum { int: i2, float: f2, is_float: b2 }) => {
+            (
+                Acc::Sum {
+                    int,
+                    float,
+                    is_float,
+                },
+                Acc::Sum {
+                    int: i2,
+                    float: f2,
+                    is_float: b2,
+                },
+            ) => {
                 *int = int.wrapping_add(*i2);
                 *float += f2;
                 *is_float |= b2;
             }
-            (Acc::Min { v, is_float }, Acc::Min { v: v2, is_float: b2 }) => {
+            (
+                Acc::Min { v, is_float },
+                Acc::Min {
+                    v: v2,
+                    is_float: b2,
+                },
+            ) => {
                 *is_float |= b2;
                 *v = match (*v, *v2) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
             }
-            (Acc::Max { v, is_float }, Acc::Max { v: v2, is_float: b2 }) => {
+            (
+                Acc::Max { v, is_float },
+                Acc::Max {
+                    v: v2,
+                    is_float: b2,
+                },
+            ) => {
                 *is_float |= b2;
                 *v = match (*v, *v2) {
                     (Some(a), Some(b)) => Some(a.max(b)),
@@ -368,7 +459,11 @@ impl Acc {
     fn result(&self) -> Json {
         match self {
             Acc::Count { n } => json!(n),
-            Acc::Sum { int, float, is_float } => {
+            Acc::Sum {
+                int,
+                float,
+                is_float,
+            } => {
                 if *is_float {
                     json!(*float + *int as f64)
                 } else {
@@ -451,7 +546,8 @@ impl Aggregate {
             } else {
                 return Err(CompileError::Invalid {
                     path: fp,
-                    message: "an aggregate field is one of count, sum, min, max, avg or last".into(),
+                    message: "an aggregate field is one of count, sum, min, max, avg or last"
+                        .into(),
                 });
             };
             if ["key", "windowStart", "windowEnd"].contains(&fname.as_str()) {
@@ -487,7 +583,9 @@ impl Aggregate {
     fn load(&self, ctx: &Context<'_>, group: &str) -> Result<AggState, StepError> {
         match ctx.get(&self.store, &Self::key(group))? {
             Some(b) => serde_json::from_slice(&b).map_err(|e| {
-                StepError::Record(format!("failed to decode aggregate state of {group:?}: {e}"))
+                StepError::Record(format!(
+                    "failed to decode aggregate state of {group:?}: {e}"
+                ))
             }),
             None => Ok(AggState::default()),
         }
@@ -527,9 +625,14 @@ impl Aggregate {
         s.windows
             .iter()
             .map(|w| {
-                let win = Window { start: w.start, end: w.end };
+                let win = Window {
+                    start: w.start,
+                    end: w.end,
+                };
                 let close = w.end.saturating_add(rules.grace);
-                let expire = w.start.saturating_add(rules.retention.max(w.end - w.start + rules.grace));
+                let expire = w
+                    .start
+                    .saturating_add(rules.retention.max(w.end - w.start + rules.grace));
                 if self.emit == Emit::OnWindowClose && !w.emitted {
                     let _ = win;
                     close
@@ -541,8 +644,15 @@ impl Aggregate {
     }
 
     /// Emits windows closed by `stream_time` and purges expired ones.
-    fn advance(&mut self, ctx: &mut Context<'_>, stream_time: i64, out: &mut Vec<Record>) -> Result<(), StepError> {
-        let Some(rules) = self.rules else { return Ok(()) };
+    fn advance(
+        &mut self,
+        ctx: &mut Context<'_>,
+        stream_time: i64,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
+        let Some(rules) = self.rules else {
+            return Ok(());
+        };
         while let Some((at, group)) = self.due.first().cloned() {
             if at > stream_time {
                 break;
@@ -551,14 +661,28 @@ impl Aggregate {
             self.undo.push((at, group.clone()));
             let mut s = self.load(ctx, &group)?;
             for w in &mut s.windows {
-                let win = Window { start: w.start, end: w.end };
-                if self.emit == Emit::OnWindowClose && !w.emitted && rules.is_closed(win, stream_time) {
+                let win = Window {
+                    start: w.start,
+                    end: w.end,
+                };
+                if self.emit == Emit::OnWindowClose
+                    && !w.emitted
+                    && rules.is_closed(win, stream_time)
+                {
                     w.emitted = true;
                     let rec = self.output(&group, w, w.end.saturating_sub(1));
                     out.push(rec);
                 }
             }
-            s.windows.retain(|w| !rules.is_expired(Window { start: w.start, end: w.end }, stream_time));
+            s.windows.retain(|w| {
+                !rules.is_expired(
+                    Window {
+                        start: w.start,
+                        end: w.end,
+                    },
+                    stream_time,
+                )
+            });
             self.save(ctx, &group, &s);
             if let Some(next) = self.next_due(&s) {
                 self.due.insert((next, group));
@@ -596,7 +720,12 @@ impl Processor for Aggregate {
             self.due.extend(undo);
         }
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let group = self.group_by.key(ctx.env(), &input(&r))?;
         let mut values = Vec::with_capacity(self.fields.len());
         for (_, _, e) in &self.fields {
@@ -609,9 +738,18 @@ impl Processor for Aggregate {
             });
         }
         for ((name, kind, e), v) in self.fields.iter().zip(&values) {
-            if matches!(kind, AggKind::Sum | AggKind::Min | AggKind::Max | AggKind::Avg) && !v.is_number() {
-                let path = e.as_ref().map(|e| e.path().to_string()).unwrap_or_else(|| name.clone());
-                return Err(StepError::Record(format!("{path} returned {v}, expected a number")));
+            if matches!(
+                kind,
+                AggKind::Sum | AggKind::Min | AggKind::Max | AggKind::Avg
+            ) && !v.is_number()
+            {
+                let path = e
+                    .as_ref()
+                    .map(|e| e.path().to_string())
+                    .unwrap_or_else(|| name.clone());
+                return Err(StepError::Record(format!(
+                    "{path} returned {v}, expected a number"
+                )));
             }
         }
         let kinds: Vec<AggKind> = self.fields.iter().map(|(_, k, _)| *k).collect();
@@ -629,7 +767,12 @@ impl Processor for Aggregate {
         let Some(rules) = self.rules else {
             let mut s = self.load(ctx, &group)?;
             if s.windows.is_empty() {
-                s.windows.push(WindowAgg { start: 0, end: 0, emitted: false, acc: new_acc(r.timestamp) });
+                s.windows.push(WindowAgg {
+                    start: 0,
+                    end: 0,
+                    emitted: false,
+                    acc: new_acc(r.timestamp),
+                });
             } else {
                 for (a, v) in s.windows[0].acc.iter_mut().zip(&values) {
                     a.add(v, r.timestamp);
@@ -640,7 +783,11 @@ impl Processor for Aggregate {
             return Ok(());
         };
         // Stream time lives in the store, so an aborted record cannot move it.
-        let prev = ctx.get(&self.store, STREAM_TIME)?.as_deref().and_then(be_i64).unwrap_or(i64::MIN);
+        let prev = ctx
+            .get(&self.store, STREAM_TIME)?
+            .as_deref()
+            .and_then(be_i64)
+            .unwrap_or(i64::MIN);
         let stream_time = prev.max(r.timestamp);
         if stream_time != prev {
             ctx.put(&self.store, STREAM_TIME, stream_time.to_be_bytes().to_vec());
@@ -654,7 +801,11 @@ impl Processor for Aggregate {
                     if rules.is_closed(win, stream_time) {
                         continue; // late: this window is final
                     }
-                    let idx = match s.windows.iter().position(|w| w.start == win.start && w.end == win.end) {
+                    let idx = match s
+                        .windows
+                        .iter()
+                        .position(|w| w.start == win.start && w.end == win.end)
+                    {
                         Some(i) => {
                             for (a, v) in s.windows[i].acc.iter_mut().zip(&values) {
                                 a.add(v, r.timestamp);
@@ -662,7 +813,12 @@ impl Processor for Aggregate {
                             i
                         }
                         None => {
-                            s.windows.push(WindowAgg { start: win.start, end: win.end, emitted: false, acc: new_acc(r.timestamp) });
+                            s.windows.push(WindowAgg {
+                                start: win.start,
+                                end: win.end,
+                                emitted: false,
+                                acc: new_acc(r.timestamp),
+                            });
                             s.windows.len() - 1
                         }
                     };
@@ -670,14 +826,29 @@ impl Processor for Aggregate {
                 }
             }
             Windows::Session { gap } => {
-                let own = Window { start: r.timestamp, end: r.timestamp.saturating_add(gap) };
+                let own = Window {
+                    start: r.timestamp,
+                    end: r.timestamp.saturating_add(gap),
+                };
                 if !rules.is_closed(own, stream_time) {
                     // Merge every open session this record is within `gap` of.
-                    let mut merged = WindowAgg { start: own.start, end: own.end, emitted: false, acc: new_acc(r.timestamp) };
+                    let mut merged = WindowAgg {
+                        start: own.start,
+                        end: own.end,
+                        emitted: false,
+                        acc: new_acc(r.timestamp),
+                    };
                     let mut keep = Vec::new();
                     for w in std::mem::take(&mut s.windows) {
-                        let open = !rules.is_closed(Window { start: w.start, end: w.end }, stream_time);
-                        let near = r.timestamp <= w.end && r.timestamp.saturating_add(gap) >= w.start;
+                        let open = !rules.is_closed(
+                            Window {
+                                start: w.start,
+                                end: w.end,
+                            },
+                            stream_time,
+                        );
+                        let near =
+                            r.timestamp <= w.end && r.timestamp.saturating_add(gap) >= w.start;
                         if open && near && !w.emitted {
                             merged.start = merged.start.min(w.start);
                             merged.end = merged.end.max(w.end);
@@ -691,7 +862,11 @@ impl Processor for Aggregate {
                     keep.push(merged);
                     keep.sort_by_key(|w| w.start);
                     s.windows = keep;
-                    if let Some(i) = s.windows.iter().position(|w| w.start <= r.timestamp && r.timestamp < w.end) {
+                    if let Some(i) = s
+                        .windows
+                        .iter()
+                        .position(|w| w.start <= r.timestamp && r.timestamp < w.end)
+                    {
                         touched.push(i);
                     }
                 }
@@ -700,6 +875,7 @@ impl Processor for Aggregate {
         if touched.is_empty() {
             // Every window of this record is closed: late beyond grace, dropped.
             crate::metrics::late_record();
+            tracing::debug!(step = %self.name, group = %group, ts = r.timestamp, stream_time, "late record dropped");
             return Ok(());
         }
         if self.emit == Emit::OnUpdate {
@@ -755,7 +931,11 @@ impl Batch {
             store: StoreName(b.store.clone()),
             size: u32::try_from(b.size.max(1)).unwrap_or(1),
             max_wait: millis(&format!("{p}.batch.maxWait"), &b.max_wait)?,
-            group_by: b.group_by.as_deref().map(|e| Expr::compile(format!("{p}.batch.groupBy"), e)).transpose()?,
+            group_by: b
+                .group_by
+                .as_deref()
+                .map(|e| Expr::compile(format!("{p}.batch.groupBy"), e))
+                .transpose()?,
             max_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             open: BTreeMap::new(),
             warned: false,
@@ -773,33 +953,48 @@ impl Batch {
 
     fn header(&self, ctx: &Context<'_>, group: &str) -> Result<Option<OpenBatch>, StepError> {
         match ctx.get(&self.store, &Self::header_key(group))? {
-            Some(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| StepError::Record(format!("failed to decode open batch {group:?}: {e}"))),
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+                StepError::Record(format!("failed to decode open batch {group:?}: {e}"))
+            }),
             None => Ok(None),
         }
     }
 
     /// Emits and clears the group's open batch.
-    fn close(&mut self, ctx: &mut Context<'_>, group: &str, h: &OpenBatch, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn close(
+        &mut self,
+        ctx: &mut Context<'_>,
+        group: &str,
+        h: &OpenBatch,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let mut records = Vec::with_capacity(h.count as usize);
         for seq in 0..h.count {
             let k = Self::record_key(group, seq);
             let v = ctx.get(&self.store, &k)?.ok_or_else(|| {
                 StepError::Record(format!("batch {group:?} lost record {seq} of {}", h.count))
             })?;
-            records.push(serde_json::from_slice::<Json>(&v).map_err(|e| {
-                StepError::Record(format!("failed to decode batched record: {e}"))
-            })?);
+            records.push(
+                serde_json::from_slice::<Json>(&v).map_err(|e| {
+                    StepError::Record(format!("failed to decode batched record: {e}"))
+                })?,
+            );
             ctx.delete(&self.store, &k);
         }
         ctx.delete(&self.store, &Self::header_key(group));
         if let Some(at) = self.open.remove(group) {
             self.undo.push((group.to_string(), at));
         }
-        let batch_id = format!("{}-{}-{}-{}", h.topic, h.partition, h.first_offset, h.last_offset);
+        let batch_id = format!(
+            "{}-{}-{}-{}",
+            h.topic, h.partition, h.first_offset, h.last_offset
+        );
         out.push(Record {
-            key: if group.is_empty() { json!(batch_id) } else { json!(group) },
+            key: if group.is_empty() {
+                json!(batch_id)
+            } else {
+                json!(group)
+            },
             value: json!({
                 "batchId": batch_id,
                 "topic": h.topic,
@@ -834,7 +1029,12 @@ impl Processor for Batch {
         self.open = open;
         Ok(())
     }
-    fn process(&mut self, ctx: &mut Context<'_>, r: Record, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn process(
+        &mut self,
+        ctx: &mut Context<'_>,
+        r: Record,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         let group = match &self.group_by {
             Some(e) => e.key(ctx.env(), &input(&r))?,
             None => String::new(),
@@ -842,7 +1042,8 @@ impl Processor for Batch {
         let src = ctx.source().cloned().ok_or_else(|| {
             StepError::Record("batch needs a source record (it cannot follow a punctuation)".into())
         })?;
-        let item = json!({"key": r.key, "value": r.value, "offset": src.offset, "timestamp": r.timestamp});
+        let item =
+            json!({"key": r.key, "value": r.value, "offset": src.offset, "timestamp": r.timestamp});
         let bytes = serde_json::to_vec(&item).unwrap_or_default();
         let mut h = match self.header(ctx, &group)? {
             Some(h) => h,
@@ -863,14 +1064,25 @@ impl Processor for Batch {
                 "closing batch early: one more record would exceed max.message.bytes ({})", self.max_bytes);
             let full = h.clone();
             self.close(ctx, &group, &full, out)?;
-            h = OpenBatch { topic: src.topic.clone(), partition: src.partition, first_offset: src.offset,
-                last_offset: src.offset, count: 0, opened_at: ctx.now_ms(), bytes: 0 };
+            h = OpenBatch {
+                topic: src.topic.clone(),
+                partition: src.partition,
+                first_offset: src.offset,
+                last_offset: src.offset,
+                count: 0,
+                opened_at: ctx.now_ms(),
+                bytes: 0,
+            };
         } else if !self.warned && h.bytes + bytes.len() as u64 > limit * 8 / 10 {
             self.warned = true;
             tracing::warn!(step = %self.name, group = %group, bytes = h.bytes,
                 "batch is above 80% of max.message.bytes ({}); lower size or the batches will be closed early", self.max_bytes);
         }
-        ctx.put(&self.store, &Self::record_key(&group, h.count), bytes.clone());
+        ctx.put(
+            &self.store,
+            &Self::record_key(&group, h.count),
+            bytes.clone(),
+        );
         h.count += 1;
         h.last_offset = src.offset;
         h.bytes += bytes.len() as u64;
@@ -899,7 +1111,9 @@ impl Processor for Batch {
             .collect();
         for g in due {
             match self.header(ctx, &g)? {
-                Some(h) if now.saturating_sub(h.opened_at) >= self.max_wait => self.close(ctx, &g, &h, out)?,
+                Some(h) if now.saturating_sub(h.opened_at) >= self.max_wait => {
+                    self.close(ctx, &g, &h, out)?
+                }
                 Some(h) => {
                     self.open.insert(g, h.opened_at);
                 }

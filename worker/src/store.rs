@@ -32,7 +32,10 @@ pub enum StoreError {
         source: rocksdb::Error,
     },
     #[error("failed to write the state of task {task}: {source}")]
-    Write { task: TaskId, source: rocksdb::Error },
+    Write {
+        task: TaskId,
+        source: rocksdb::Error,
+    },
     #[error("failed to bulk-load store {store} of task {task}: {source}")]
     Ingest {
         task: TaskId,
@@ -60,8 +63,11 @@ impl SharedMemory {
     /// `budget_bytes` covers block cache and memtables together.
     pub fn new(budget_bytes: usize) -> Self {
         let cache = Cache::new_lru_cache(budget_bytes);
-        let write_buffers =
-            WriteBufferManager::new_write_buffer_manager_with_cache(budget_bytes / 2, false, cache.clone());
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            budget_bytes / 2,
+            false,
+            cache.clone(),
+        );
         Self {
             cache,
             write_buffers,
@@ -156,9 +162,9 @@ impl TaskDb {
     }
 
     fn meta(&self) -> Result<&rocksdb::ColumnFamily, StoreError> {
-        self.db.cf_handle(META).ok_or_else(|| StoreError::UnknownStore {
-            store: META.into(),
-        })
+        self.db
+            .cf_handle(META)
+            .ok_or_else(|| StoreError::UnknownStore { store: META.into() })
     }
 
     pub fn get(&self, store: &StoreName, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -176,7 +182,10 @@ impl TaskDb {
         store: &StoreName,
         f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), crate::processor::StepError>,
     ) -> Result<(), crate::processor::StepError> {
-        for item in self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start)
+        {
             let (k, v) = item.map_err(|source| StoreError::Read {
                 task: self.task,
                 store: store.0.clone(),
@@ -188,7 +197,9 @@ impl TaskDb {
     }
 
     pub fn is_empty(&self, store: &StoreName) -> Result<bool, StoreError> {
-        let mut it = self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start);
+        let mut it = self
+            .db
+            .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start);
         match it.next() {
             None => Ok(true),
             Some(Ok(_)) => Ok(false),
@@ -249,10 +260,12 @@ impl TaskDb {
         // a longer tail), never inconsistent.
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
-        self.db.write_opt(batch, &wo).map_err(|source| StoreError::Write {
-            task: self.task,
-            source,
-        })
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|source| StoreError::Write {
+                task: self.task,
+                source,
+            })
     }
 
     /// Empties a store (its local copy cannot be trusted) and forgets its checkpoint.
@@ -343,7 +356,10 @@ impl TaskDb {
                 h = h.wrapping_mul(0x100000001b3);
             }
         };
-        for item in self.db.iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start)
+        {
             let (k, v) = item.map_err(|source| StoreError::Read {
                 task: self.task,
                 store: store.0.clone(),
@@ -380,8 +396,12 @@ mod tests {
             assert!(db.is_empty(&s).expect("empty"));
             let cl = BTreeMap::from([(s.clone(), 42)]);
             let src = BTreeMap::from([("in".to_string(), 7)]);
-            db.commit(&[((s.clone(), b"a".to_vec()), Some(b"1".to_vec()))], &cl, &src)
-                .expect("commit");
+            db.commit(
+                &[((s.clone(), b"a".to_vec()), Some(b"1".to_vec()))],
+                &cl,
+                &src,
+            )
+            .expect("commit");
         }
         let db = TaskDb::open(&dir, TaskId(0), std::slice::from_ref(&s), &mem).expect("reopen");
         assert_eq!(db.get(&s, b"a").expect("get"), Some(b"1".to_vec()));
@@ -397,7 +417,10 @@ mod tests {
         let mem = SharedMemory::new(8 << 20);
         let s = StoreName("s".into());
         let mut db = TaskDb::open(&dir, TaskId(1), std::slice::from_ref(&s), &mem).expect("open");
-        let first = BTreeMap::from([(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), Some(b"2".to_vec()))]);
+        let first = BTreeMap::from([
+            (b"a".to_vec(), Some(b"1".to_vec())),
+            (b"b".to_vec(), Some(b"2".to_vec())),
+        ]);
         let second = BTreeMap::from([(b"a".to_vec(), None), (b"c".to_vec(), Some(b"3".to_vec()))]);
         db.ingest_sorted(&s, &first, 0).expect("ingest 1");
         db.ingest_sorted(&s, &second, 1).expect("ingest 2");

@@ -176,18 +176,37 @@ impl Task {
         produced: &mut Vec<Output>,
     ) -> Result<(), (String, StepError)> {
         let spec = &app.manifest.spec;
-        let key = decode(msg.key, spec.source.key_format)
-            .map_err(|e| ("deserialize".to_string(), StepError::Record(format!("failed to decode key: {e}"))))?;
-        let value = decode(msg.value, spec.source.value_format)
-            .map_err(|e| ("deserialize".to_string(), StepError::Record(format!("failed to decode value: {e}"))))?;
+        let key = decode(msg.key, spec.source.key_format).map_err(|e| {
+            (
+                "deserialize".to_string(),
+                StepError::Record(format!("failed to decode key: {e}")),
+            )
+        })?;
+        let value = decode(msg.value, spec.source.value_format).map_err(|e| {
+            (
+                "deserialize".to_string(),
+                StepError::Record(format!("failed to decode value: {e}")),
+            )
+        })?;
         let kafka_ts = msg.timestamp.unwrap_or(now);
         let timestamp = match &app.timestamp {
             Some(e) => e
-                .timestamp(env, &Input { key: &key, value: &value, timestamp: kafka_ts })
+                .timestamp(
+                    env,
+                    &Input {
+                        key: &key,
+                        value: &value,
+                        timestamp: kafka_ts,
+                    },
+                )
                 .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
             None => kafka_ts,
         };
-        let records = vec![Record { key, value, timestamp }];
+        let records = vec![Record {
+            key,
+            value,
+            timestamp,
+        }];
         let mut ctx = Context {
             task: self.id,
             overlay: &mut self.overlay,
@@ -201,7 +220,13 @@ impl Task {
     }
 
     /// Wall-clock work of every processor (batch `maxWait`), as its own unit of work.
-    pub fn punctuate(&mut self, app: &App, env: &Env, now: i64, out: &mut Vec<Output>) -> Result<(), StoreError> {
+    pub fn punctuate(
+        &mut self,
+        app: &App,
+        env: &Env,
+        now: i64,
+        out: &mut Vec<Output>,
+    ) -> Result<(), StoreError> {
         let mut produced = Vec::new();
         let mut ctx = Context {
             task: self.id,
@@ -275,7 +300,8 @@ fn run_steps(
     for p in processors.iter_mut().skip(from) {
         let mut next = Vec::with_capacity(records.len());
         for r in records {
-            p.process(ctx, r, &mut next).map_err(|e| (p.name().to_string(), e))?;
+            p.process(ctx, r, &mut next)
+                .map_err(|e| (p.name().to_string(), e))?;
         }
         records = next;
         if records.is_empty() {
@@ -285,18 +311,32 @@ fn run_steps(
     Ok(records)
 }
 
-fn sink(app: &App, env: &Env, records: Vec<Record>, out: &mut Vec<Output>) -> Result<(), (String, StepError)> {
+fn sink(
+    app: &App,
+    env: &Env,
+    records: Vec<Record>,
+    out: &mut Vec<Output>,
+) -> Result<(), (String, StepError)> {
     if app.manifest.spec.sink.is_none() {
         return Ok(());
     }
     for r in records {
-        let input = Input { key: &r.key, value: &r.value, timestamp: r.timestamp };
+        let input = Input {
+            key: &r.key,
+            value: &r.value,
+            timestamp: r.timestamp,
+        };
         let key = match &app.sink_key {
-            Some(e) => Json::String(e.key(env, &input).map_err(|e| ("sink".to_string(), e.into()))?),
+            Some(e) => Json::String(
+                e.key(env, &input)
+                    .map_err(|e| ("sink".to_string(), e.into()))?,
+            ),
             None => r.key.clone(),
         };
         let value = match &app.sink_value {
-            Some(e) => e.json(env, &input).map_err(|e| ("sink".to_string(), e.into()))?,
+            Some(e) => e
+                .json(env, &input)
+                .map_err(|e| ("sink".to_string(), e.into()))?,
             None => r.value.clone(),
         };
         out.push(Output::Sink {
@@ -318,13 +358,17 @@ pub fn encode_key(key: &Json) -> Option<Vec<u8>> {
 }
 
 pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, String> {
-    let Some(b) = bytes else { return Ok(Json::Null) };
+    let Some(b) = bytes else {
+        return Ok(Json::Null);
+    };
     match format {
         RecordFormat::Json => serde_json::from_slice(b).map_err(|e| format!("invalid JSON: {e}")),
         RecordFormat::String => std::str::from_utf8(b)
             .map(|s| Json::String(s.to_string()))
             .map_err(|e| format!("invalid UTF-8: {e}")),
-        RecordFormat::Bytes => Ok(Json::String(base64::engine::general_purpose::STANDARD.encode(b))),
+        RecordFormat::Bytes => Ok(Json::String(
+            base64::engine::general_purpose::STANDARD.encode(b),
+        )),
     }
 }
 
@@ -341,11 +385,16 @@ pub fn parse_source_header(h: &str) -> Option<BTreeMap<String, i64>> {
 
 /// Restore filter: a changelog record is applied only if every source offset that
 /// produced its unit of work is below the committed offset, i.e. that unit committed.
-pub fn produced_by_committed_work(header: Option<&BTreeMap<String, i64>>, committed: &BTreeMap<String, i64>) -> bool {
+pub fn produced_by_committed_work(
+    header: Option<&BTreeMap<String, i64>>,
+    committed: &BTreeMap<String, i64>,
+) -> bool {
     match header {
         // Records without the header (written by other tools) are trusted.
         None => true,
-        Some(h) => h.iter().all(|(t, o)| crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())),
+        Some(h) => h.iter().all(|(t, o)| {
+            crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())
+        }),
     }
 }
 
@@ -366,8 +415,14 @@ mod tests {
         let committed = BTreeMap::from([("in".to_string(), 42), ("other".to_string(), 10)]);
         assert!(produced_by_committed_work(Some(&h), &committed));
         let behind = BTreeMap::from([("in".to_string(), 41), ("other".to_string(), 10)]);
-        assert!(!produced_by_committed_work(Some(&h), &behind), "offset 41 not committed");
-        assert!(!produced_by_committed_work(Some(&h), &BTreeMap::new()), "nothing committed");
+        assert!(
+            !produced_by_committed_work(Some(&h), &behind),
+            "offset 41 not committed"
+        );
+        assert!(
+            !produced_by_committed_work(Some(&h), &BTreeMap::new()),
+            "nothing committed"
+        );
         assert!(produced_by_committed_work(None, &BTreeMap::new()));
         assert_eq!(parse_source_header("in:x"), None);
     }
@@ -376,7 +431,10 @@ mod tests {
     fn malformed_json_is_a_decode_error_and_missing_values_are_null() {
         assert!(decode(Some(b"{\"a\":"), RecordFormat::Json).is_err());
         assert_eq!(decode(None, RecordFormat::Json), Ok(Json::Null));
-        assert_eq!(decode(Some(b"k1"), RecordFormat::String), Ok(Json::String("k1".into())));
+        assert_eq!(
+            decode(Some(b"k1"), RecordFormat::String),
+            Ok(Json::String("k1".into()))
+        );
         assert!(decode(Some(&[0xff, 0xfe]), RecordFormat::String).is_err());
     }
 }

@@ -34,7 +34,10 @@ spec:
     let dir = scratch_dir(&app);
     let builder = WorkerBuilder::new(manifest, &dir.join("state"));
     let feed = |from: i64, to: i64| {
-        produce(&input, (from..to).map(|i| Input::json(&format!("r{i}"), json!({"i": i}))));
+        produce(
+            &input,
+            (from..to).map(|i| Input::json(&format!("r{i}"), json!({"i": i}))),
+        );
     };
 
     // Kill with 500 records of a batch buffered, then with 200.
@@ -62,10 +65,23 @@ spec:
         let v = b.json();
         let (lo, hi) = (n as i64 * 1000, n as i64 * 1000 + 999);
         assert_eq!(v["batchId"], json!(format!("{input}-0-{lo}-{hi}")));
-        assert_eq!((v["firstOffset"].as_i64(), v["lastOffset"].as_i64()), (Some(lo), Some(hi)));
+        assert_eq!(
+            (v["firstOffset"].as_i64(), v["lastOffset"].as_i64()),
+            (Some(lo), Some(hi))
+        );
         let records = v["records"].as_array().unwrap();
-        let offsets: Vec<i64> = records.iter().map(|r| r["offset"].as_i64().unwrap()).collect();
-        assert_eq!(offsets, (lo..=hi).collect::<Vec<_>>(), "batch {n} holds its offsets once each, in order");
-        assert!(records.iter().all(|r| r["value"]["i"] == r["offset"]), "batch {n} holds the right records");
+        let offsets: Vec<i64> = records
+            .iter()
+            .map(|r| r["offset"].as_i64().unwrap())
+            .collect();
+        assert_eq!(
+            offsets,
+            (lo..=hi).collect::<Vec<_>>(),
+            "batch {n} holds its offsets once each, in order"
+        );
+        assert!(
+            records.iter().all(|r| r["value"]["i"] == r["offset"]),
+            "batch {n} holds the right records"
+        );
     }
 }

@@ -17,7 +17,20 @@ use support::*;
 const RECORDS: i64 = 200_000;
 const KEYS: i64 = 100;
 const WINDOW_MS: i64 = 60_000;
-const BASE_TS: i64 = 1_700_000_000_000;
+
+/// Event time starts two hours ago: outputs carry their event time as the Kafka
+/// timestamp, and a topic's time retention (7 days by default) would delete records
+/// stamped years ago before the test reads them.
+fn base_ts() -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        (now - 7_200_000) / WINDOW_MS * WINDOW_MS
+    })
+}
 
 fn manifest(app: &str, guarantee: &str) -> String {
     format!(
@@ -45,7 +58,10 @@ spec:
 fn record(i: i64) -> (String, serde_json::Value) {
     let k = format!("k{}", i % KEYS);
     // Per key, event time only grows: no record is late.
-    (k.clone(), json!({"k": k, "amount": i % 97, "ts": BASE_TS + i * 10}))
+    (
+        k.clone(),
+        json!({"k": k, "amount": i % 97, "ts": base_ts() + i * 10}),
+    )
 }
 
 /// (key, windowStart) → (count, sum)
@@ -54,7 +70,9 @@ fn expected() -> BTreeMap<(String, i64), (i64, i64)> {
     for i in 0..RECORDS {
         let (k, v) = record(i);
         let ts = v["ts"].as_i64().unwrap();
-        let e = m.entry((k, ts - ts.rem_euclid(WINDOW_MS))).or_insert((0, 0));
+        let e = m
+            .entry((k, ts - ts.rem_euclid(WINDOW_MS)))
+            .or_insert((0, 0));
         e.0 += 1;
         e.1 += v["amount"].as_i64().unwrap();
     }
@@ -86,10 +104,13 @@ fn run_with_kills(guarantee: &str) -> (String, Vec<Out>) {
             for chunk in 0..20 {
                 let from = chunk * RECORDS / 20;
                 let to = (chunk + 1) * RECORDS / 20;
-                produce(&input, (from..to).map(|i| {
-                    let (k, v) = record(i);
-                    Input::json(&k, v)
-                }));
+                produce(
+                    &input,
+                    (from..to).map(|i| {
+                        let (k, v) = record(i);
+                        Input::json(&k, v)
+                    }),
+                );
                 std::thread::sleep(Duration::from_millis(300));
             }
         })
@@ -111,13 +132,20 @@ fn run_with_kills(guarantee: &str) -> (String, Vec<Out>) {
         kills += 1;
     }
     generator.join().unwrap();
-    assert!(progressed >= 5, "the worker must be killed mid-work, not only at start ({progressed} of {kills} runs made progress)");
+    assert!(
+        progressed >= 5,
+        "the worker must be killed mid-work, not only at start ({progressed} of {kills} runs made progress)"
+    );
 
     let mut w = builder.spawn();
     w.wait_ready(Duration::from_secs(90));
     w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(300));
     w.stop();
-    let isolation = if guarantee == "exactly_once" { "read_committed" } else { "read_uncommitted" };
+    let isolation = if guarantee == "exactly_once" {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
     (app.clone(), read_all(&format!("{app}-out"), isolation))
 }
 
@@ -125,9 +153,14 @@ fn by_window(out: &[Out]) -> BTreeMap<(String, i64), Vec<(i64, i64)>> {
     let mut m: BTreeMap<(String, i64), Vec<(i64, i64)>> = BTreeMap::new();
     for o in out {
         let v = o.json();
-        let key = (v["key"].as_str().unwrap().to_string(), v["windowStart"].as_i64().unwrap());
+        let key = (
+            v["key"].as_str().unwrap().to_string(),
+            v["windowStart"].as_i64().unwrap(),
+        );
         assert_eq!(v["windowEnd"].as_i64().unwrap(), key.1 + WINDOW_MS);
-        m.entry(key).or_default().push((v["count"].as_i64().unwrap(), v["sum"].as_i64().unwrap()));
+        m.entry(key)
+            .or_default()
+            .push((v["count"].as_i64().unwrap(), v["sum"].as_i64().unwrap()));
     }
     m
 }
@@ -137,14 +170,31 @@ fn exactly_once_output_is_exact_after_a_dozen_sigkills() {
     let (app, out) = run_with_kills("exactly_once");
     let got = by_window(&out);
     let want = expected();
-    assert_eq!(got.len(), want.len(), "{app}: windows with output");
+    let missing: Vec<_> = want
+        .keys()
+        .filter(|k| !got.contains_key(*k))
+        .take(10)
+        .collect();
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{app}: windows with output; missing e.g. {missing:?}"
+    );
     for (k, (count, sum)) in &want {
         let updates = &got[k];
         let counts: Vec<i64> = updates.iter().map(|u| u.0).collect();
-        assert_eq!(counts, (1..=*count).collect::<Vec<_>>(), "{app}: updates of {k:?} must count 1..={count} with no loss or duplicate");
+        assert_eq!(
+            counts,
+            (1..=*count).collect::<Vec<_>>(),
+            "{app}: updates of {k:?} must count 1..={count} with no loss or duplicate"
+        );
         assert_eq!(updates.last().unwrap().1, *sum, "{app}: final sum of {k:?}");
     }
-    assert_eq!(out.len() as i64, RECORDS, "one committed update per input record");
+    assert_eq!(
+        out.len() as i64,
+        RECORDS,
+        "one committed update per input record"
+    );
 }
 
 #[test]
@@ -153,13 +203,22 @@ fn at_least_once_loses_nothing_after_a_dozen_sigkills() {
     let got = by_window(&out);
     let want = expected();
     for (k, (count, sum)) in &want {
-        let updates = got.get(k).unwrap_or_else(|| panic!("{app}: no output for {k:?}"));
+        let updates = got
+            .get(k)
+            .unwrap_or_else(|| panic!("{app}: no output for {k:?}"));
         let (max_count, sum_at_max) = updates.iter().max_by_key(|u| u.0).copied().unwrap();
-        assert_eq!(max_count, *count, "{app}: final count of {k:?} (state must not double-count replayed records)");
+        assert_eq!(
+            max_count, *count,
+            "{app}: final count of {k:?} (state must not double-count replayed records)"
+        );
         assert_eq!(sum_at_max, *sum, "{app}: final sum of {k:?}");
         let mut seen: Vec<i64> = updates.iter().map(|u| u.0).collect();
         seen.sort_unstable();
         seen.dedup();
-        assert_eq!(seen, (1..=*count).collect::<Vec<_>>(), "{app}: every intermediate count of {k:?} was emitted at least once");
+        assert_eq!(
+            seen,
+            (1..=*count).collect::<Vec<_>>(),
+            "{app}: every intermediate count of {k:?} was emitted at least once"
+        );
     }
 }

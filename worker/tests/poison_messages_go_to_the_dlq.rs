@@ -20,18 +20,21 @@ fn malformed_and_failing_records_are_dead_lettered_and_the_rest_flow() {
     let n = 10_000;
     let mut bad_json = BTreeSet::new();
     let mut bad_cel = BTreeSet::new();
-    produce(&input, (0..n).map(|i| {
-        let id = format!("r{i}");
-        if i % 100 == 17 {
-            bad_json.insert(id.clone());
-            Input::raw(&id, format!("{{\"id\": \"{id}\", \"amount\": ").as_bytes())
-        } else if i % 100 == 53 {
-            bad_cel.insert(id.clone());
-            Input::json(&id, json!({"id": id, "amount": "not a number"}))
-        } else {
-            Input::json(&id, json!({"id": id, "amount": i}))
-        }
-    }));
+    produce(
+        &input,
+        (0..n).map(|i| {
+            let id = format!("r{i}");
+            if i % 100 == 17 {
+                bad_json.insert(id.clone());
+                Input::raw(&id, format!("{{\"id\": \"{id}\", \"amount\": ").as_bytes())
+            } else if i % 100 == 53 {
+                bad_cel.insert(id.clone());
+                Input::json(&id, json!({"id": id, "amount": "not a number"}))
+            } else {
+                Input::json(&id, json!({"id": id, "amount": i}))
+            }
+        }),
+    );
     let manifest = format!(
         r#"
 apiVersion: oxbow.dev/v1alpha1
@@ -54,7 +57,11 @@ spec:
     w.stop();
 
     let out = read_all(&format!("{app}-out"), "read_committed");
-    assert_eq!(out.len(), n - bad_json.len() - bad_cel.len(), "every good record exactly once");
+    assert_eq!(
+        out.len(),
+        n - bad_json.len() - bad_cel.len(),
+        "every good record exactly once"
+    );
     for o in &out {
         let v = o.json();
         let i: i64 = v["id"].as_str().unwrap()[1..].parse().unwrap();
@@ -67,21 +74,33 @@ spec:
         let id = d.key.clone().unwrap();
         let h = &d.headers;
         assert_eq!(h["oxbow.topic"], input);
-        let (p, off): (i32, i64) = (h["oxbow.partition"].parse().unwrap(), h["oxbow.offset"].parse().unwrap());
+        let (p, off): (i32, i64) = (
+            h["oxbow.partition"].parse().unwrap(),
+            h["oxbow.offset"].parse().unwrap(),
+        );
         assert!((0..3).contains(&p) && off >= 0, "{h:?}");
         match h["oxbow.step"].as_str() {
             "deserialize" => {
                 assert!(h["oxbow.error"].contains("invalid JSON"), "{h:?}");
-                assert!(d.value.as_ref().unwrap().ends_with(b"\"amount\": "), "original bytes kept");
+                assert!(
+                    d.value.as_ref().unwrap().ends_with(b"\"amount\": "),
+                    "original bytes kept"
+                );
                 got_json.insert(id);
             }
             "double" => {
-                assert!(h["oxbow.error"].contains("spec.steps[0].map.value"), "{h:?}");
+                assert!(
+                    h["oxbow.error"].contains("spec.steps[0].map.value"),
+                    "{h:?}"
+                );
                 got_cel.insert(id);
             }
             other => panic!("unexpected step {other}: {h:?}"),
         }
     }
-    assert_eq!(got_json, bad_json, "every malformed record is in the DLQ once");
+    assert_eq!(
+        got_json, bad_json,
+        "every malformed record is in the DLQ once"
+    );
     assert_eq!(got_cel, bad_cel, "every CEL failure is in the DLQ once");
 }

@@ -38,7 +38,15 @@ fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
     let app = unique("restore");
     let input = format!("{app}-in");
     create_topic(&input, 2);
-    produce(&input, (0..40_000).map(|i| Input::json(&format!("k{}", i % KEYS), json!({"k": format!("k{}", i % KEYS), "amount": i % 1000}))));
+    produce(
+        &input,
+        (0..40_000).map(|i| {
+            Input::json(
+                &format!("k{}", i % KEYS),
+                json!({"k": format!("k{}", i % KEYS), "amount": i % 1000}),
+            )
+        }),
+    );
     let dir = scratch_dir(&app);
     let state = dir.join("state");
     let builder = WorkerBuilder::new(manifest(&app), &state);
@@ -54,8 +62,16 @@ fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
     for t in status["tasks"].as_array().unwrap() {
         let r = &t["restore"];
         let mode = r["mode"].as_str().unwrap();
-        assert!(mode == "tail" || mode == "upToDate", "task {}: a kept state dir restores the tail only, got {r}", t["task"]);
-        assert!(r["restored"].as_u64().unwrap() <= KEYS as u64, "task {}: at most one unit of work (one record per dirty key) is replayed, got {r}", t["task"]);
+        assert!(
+            mode == "tail" || mode == "upToDate",
+            "task {}: a kept state dir restores the tail only, got {r}",
+            t["task"]
+        );
+        assert!(
+            r["restored"].as_u64().unwrap() <= KEYS as u64,
+            "task {}: at most one unit of work (one record per dirty key) is replayed, got {r}",
+            t["task"]
+        );
     }
     w.stop();
     let cfg = dir.join("app-0.yaml");
@@ -69,11 +85,24 @@ fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
     let mut restored = 0;
     for t in status["tasks"].as_array().unwrap() {
         let r = &t["restore"];
-        assert!(r["mode"].as_str().unwrap().starts_with("full"), "a deleted state dir means a full restore: {r}");
-        assert!(r["ingestedFiles"].as_u64().unwrap() >= 1, "an empty store is bulk-loaded from SST files: {r}");
+        assert!(
+            r["mode"].as_str().unwrap().starts_with("full"),
+            "a deleted state dir means a full restore: {r}"
+        );
+        assert!(
+            r["ingestedFiles"].as_u64().unwrap() >= 1,
+            "an empty store is bulk-loaded from SST files: {r}"
+        );
         restored += r["restored"].as_u64().unwrap();
     }
-    assert!(restored >= KEYS as u64, "every key came back from the changelog ({restored})");
+    assert!(
+        restored >= KEYS as u64,
+        "every key came back from the changelog ({restored})"
+    );
     w.stop();
-    assert_eq!(digests(&cfg, &state), before, "rebuilt state equals the state before the loss");
+    assert_eq!(
+        digests(&cfg, &state),
+        before,
+        "rebuilt state equals the state before the loss"
+    );
 }

@@ -33,11 +33,19 @@ spec:
     )
 }
 
-const FAULTY: &str = "value.id == 'tx-7' ? value.no_such_field : {'id': value.id, 'amount': value.amount}";
+const FAULTY: &str =
+    "value.id == 'tx-7' ? value.no_such_field : {'id': value.id, 'amount': value.amount}";
 const FIXED: &str = "{'id': value.id, 'amount': value.amount}";
 
 fn inputs(app: &str) {
-    let mut records: Vec<Input> = (0..20).map(|i| Input::json(&format!("tx-{i}"), json!({"id": format!("tx-{i}"), "amount": i}))).collect();
+    let mut records: Vec<Input> = (0..20)
+        .map(|i| {
+            Input::json(
+                &format!("tx-{i}"),
+                json!({"id": format!("tx-{i}"), "amount": i}),
+            )
+        })
+        .collect();
     // Duplicates the dedupe must drop.
     records.push(Input::json("tx-3", json!({"id": "tx-3", "amount": 3})));
     records.push(Input::json("tx-7", json!({"id": "tx-7", "amount": 7})));
@@ -64,19 +72,34 @@ fn a_record_whose_map_failed_is_processed_exactly_once_after_the_fault_is_fixed(
 
     // Not ready ever: a failed task keeps /readyz at 503.
     let w = WorkerBuilder::new(manifest(&app, "fail", FAULTY), &state).spawn();
-    let failed = wait_for("the task holding tx-7 to fail", Duration::from_secs(60), || {
-        let s = w.status()?;
-        s["tasks"].as_array()?.iter().find(|t| t["state"] == "Failed").cloned()
-    });
+    let failed = wait_for(
+        "the task holding tx-7 to fail",
+        Duration::from_secs(60),
+        || {
+            let s = w.status()?;
+            s["tasks"]
+                .as_array()?
+                .iter()
+                .find(|t| t["state"] == "Failed")
+                .cloned()
+        },
+    );
     let err = failed["lastError"].as_str().unwrap();
-    assert!(err.contains("map-1") && err.contains("no_such_field"), "error names the step and cause: {err}");
+    assert!(
+        err.contains("map-1") && err.contains("no_such_field"),
+        "error names the step and cause: {err}"
+    );
     let (code, body) = http_get(w.addr, "/readyz").unwrap();
     assert_eq!(code, 503, "a failed task makes the worker unready: {body}");
     w.stop();
 
     let mut w = WorkerBuilder::new(manifest(&app, "fail", FIXED), &state).spawn();
     w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(&format!("{app}-in"), &end_offsets(&format!("{app}-in")), Duration::from_secs(60));
+    w.wait_committed(
+        &format!("{app}-in"),
+        &end_offsets(&format!("{app}-in")),
+        Duration::from_secs(60),
+    );
     w.stop();
 
     let want: Vec<String> = {
@@ -84,7 +107,11 @@ fn a_record_whose_map_failed_is_processed_exactly_once_after_the_fault_is_fixed(
         v.sort();
         v
     };
-    assert_eq!(output_ids(&app), want, "every id exactly once, tx-7 included, duplicates dropped");
+    assert_eq!(
+        output_ids(&app),
+        want,
+        "every id exactly once, tx-7 included, duplicates dropped"
+    );
 }
 
 #[test]
@@ -94,26 +121,46 @@ fn a_permanently_failing_record_is_dead_lettered_and_leaves_no_dedupe_mark() {
     create_topic(&format!("{app}-out"), 2);
     inputs(&app);
     let dir = scratch_dir(&app);
-    let mut w = WorkerBuilder::new(manifest(&app, "deadLetter", FAULTY), &dir.join("state")).spawn();
+    let mut w =
+        WorkerBuilder::new(manifest(&app, "deadLetter", FAULTY), &dir.join("state")).spawn();
     w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(&format!("{app}-in"), &end_offsets(&format!("{app}-in")), Duration::from_secs(60));
+    w.wait_committed(
+        &format!("{app}-in"),
+        &end_offsets(&format!("{app}-in")),
+        Duration::from_secs(60),
+    );
     w.stop();
 
     let want: Vec<String> = {
-        let mut v: Vec<String> = (0..20).filter(|i| *i != 7).map(|i| format!("tx-{i}")).collect();
+        let mut v: Vec<String> = (0..20)
+            .filter(|i| *i != 7)
+            .map(|i| format!("tx-{i}"))
+            .collect();
         v.sort();
         v
     };
     assert_eq!(output_ids(&app), want);
 
     let dlq = read_all(&format!("{app}-dlq"), "read_committed");
-    assert_eq!(dlq.len(), 2, "both tx-7 records are dead letters (no mark made the second a duplicate): {dlq:?}");
+    assert_eq!(
+        dlq.len(),
+        2,
+        "both tx-7 records are dead letters (no mark made the second a duplicate): {dlq:?}"
+    );
     for d in &dlq {
         assert_eq!(d.key.as_deref(), Some("tx-7"));
-        assert_eq!(d.json(), json!({"id": "tx-7", "amount": 7}), "the original bytes");
+        assert_eq!(
+            d.json(),
+            json!({"id": "tx-7", "amount": 7}),
+            "the original bytes"
+        );
         assert_eq!(d.headers["oxbow.step"], "map-1");
         assert_eq!(d.headers["oxbow.topic"], format!("{app}-in"));
-        assert!(d.headers["oxbow.error"].contains("no_such_field"), "{:?}", d.headers);
+        assert!(
+            d.headers["oxbow.error"].contains("no_such_field"),
+            "{:?}",
+            d.headers
+        );
         assert!(d.headers["oxbow.offset"].parse::<i64>().is_ok());
         assert!(d.headers["oxbow.partition"].parse::<i32>().is_ok());
     }
@@ -121,6 +168,12 @@ fn a_permanently_failing_record_is_dead_lettered_and_leaves_no_dedupe_mark() {
         .into_iter()
         .filter_map(|o| o.key)
         .collect();
-    assert!(marks.contains(&"ktx-3".to_string()), "the changelog holds the marks: {marks:?}");
-    assert!(!marks.contains(&"ktx-7".to_string()), "no mark for the failed record: {marks:?}");
+    assert!(
+        marks.contains(&"ktx-3".to_string()),
+        "the changelog holds the marks: {marks:?}"
+    );
+    assert!(
+        !marks.contains(&"ktx-7".to_string()),
+        "no mark for the failed record: {marks:?}"
+    );
 }

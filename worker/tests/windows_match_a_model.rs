@@ -20,6 +20,16 @@ type Agg = (i64, i64); // count, sum
 /// grace) and some by a lot (outside), over three keys; the last record moves stream
 /// time far ahead so every earlier window closes.
 fn events() -> Vec<(String, i64, i64)> {
+    // Recent event times: outputs are stamped with them, and time retention would delete
+    // records stamped in 1970.
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        (now - 86_400_000) / 60_000 * 60_000
+    });
     let mut v = Vec::new();
     let mut x: u64 = 42;
     for i in 0..600i64 {
@@ -33,13 +43,17 @@ fn events() -> Vec<(String, i64, i64)> {
             1 => ts -= 40_000, // late, outside grace
             _ => {}
         }
-        v.push((key, ts.max(0), (x % 50) as i64));
+        v.push((key, base + ts.max(0), (x % 50) as i64));
     }
-    v.push(("u0".into(), 10_000_000, 1));
+    v.push(("u0".into(), base + 10_000_000, 1));
     v
 }
 
-fn model(windows: &dyn Fn(i64) -> Vec<(i64, i64)>, grace: i64, session_gap: Option<i64>) -> BTreeMap<Key, Agg> {
+fn model(
+    windows: &dyn Fn(i64) -> Vec<(i64, i64)>,
+    grace: i64,
+    session_gap: Option<i64>,
+) -> BTreeMap<Key, Agg> {
     let mut st = i64::MIN;
     let mut open: BTreeMap<Key, Agg> = BTreeMap::new();
     for (k, ts, amount) in events() {
@@ -61,7 +75,9 @@ fn model(windows: &dyn Fn(i64) -> Vec<(i64, i64)>, grace: i64, session_gap: Opti
                 let (mut s, mut e, mut agg) = (ts, ts + gap, (1, amount));
                 let mergeable: Vec<Key> = open
                     .keys()
-                    .filter(|(kk, ws, we)| kk == &k && st < we + grace && ts <= *we && ts + gap >= *ws)
+                    .filter(|(kk, ws, we)| {
+                        kk == &k && st < we + grace && ts <= *we && ts + gap >= *ws
+                    })
                     .cloned()
                     .collect();
                 for m in mergeable {
@@ -74,7 +90,9 @@ fn model(windows: &dyn Fn(i64) -> Vec<(i64, i64)>, grace: i64, session_gap: Opti
             }
         }
     }
-    open.into_iter().filter(|((_, _, e), _)| st >= e + grace).collect()
+    open.into_iter()
+        .filter(|((_, _, e), _)| st >= e + grace)
+        .collect()
 }
 
 fn run(name: &str, window_yaml: &str) -> BTreeMap<Key, Agg> {
@@ -82,7 +100,12 @@ fn run(name: &str, window_yaml: &str) -> BTreeMap<Key, Agg> {
     let input = format!("{app}-in");
     create_topic(&input, 1);
     create_topic(&format!("{app}-out"), 1);
-    produce(&input, events().into_iter().map(|(k, ts, amount)| Input::json(&k, json!({"k": k, "ts": ts, "amount": amount}))));
+    produce(
+        &input,
+        events()
+            .into_iter()
+            .map(|(k, ts, amount)| Input::json(&k, json!({"k": k, "ts": ts, "amount": amount}))),
+    );
     let manifest = format!(
         r#"
 apiVersion: oxbow.dev/v1alpha1
@@ -110,9 +133,19 @@ spec:
     let mut got = BTreeMap::new();
     for o in read_all(&format!("{app}-out"), "read_committed") {
         let v = o.json();
-        let k = (v["key"].as_str().unwrap().to_string(), v["windowStart"].as_i64().unwrap(), v["windowEnd"].as_i64().unwrap());
-        let prev = got.insert(k.clone(), (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()));
-        assert!(prev.is_none(), "onWindowClose emits one record per key and window; {k:?} came twice");
+        let k = (
+            v["key"].as_str().unwrap().to_string(),
+            v["windowStart"].as_i64().unwrap(),
+            v["windowEnd"].as_i64().unwrap(),
+        );
+        let prev = got.insert(
+            k.clone(),
+            (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()),
+        );
+        assert!(
+            prev.is_none(),
+            "onWindowClose emits one record per key and window; {k:?} came twice"
+        );
     }
     got
 }
@@ -120,7 +153,11 @@ spec:
 #[test]
 fn tumbling_windows_with_grace_match_the_model() {
     let size = 10_000;
-    let want = model(&|ts| vec![(ts - ts.rem_euclid(size), ts - ts.rem_euclid(size) + size)], 5_000, None);
+    let want = model(
+        &|ts| vec![(ts - ts.rem_euclid(size), ts - ts.rem_euclid(size) + size)],
+        5_000,
+        None,
+    );
     assert!(want.len() > 100);
     assert_eq!(run("tumbling", "{tumbling: 10s, grace: 5s}"), want);
 }
@@ -139,12 +176,18 @@ fn hopping_windows_with_grace_match_the_model() {
         v
     };
     let want = model(&windows, 5_000, None);
-    assert_eq!(run("hopping", "{hopping: {size: 20s, advance: 5s}, grace: 5s}"), want);
+    assert_eq!(
+        run("hopping", "{hopping: {size: 20s, advance: 5s}, grace: 5s}"),
+        want
+    );
 }
 
 #[test]
 fn session_windows_with_grace_match_the_model() {
     let want = model(&|_| vec![], 5_000, Some(2_500));
-    assert!(want.values().any(|a| a.0 > 1), "some sessions merged records");
+    assert!(
+        want.values().any(|a| a.0 > 1),
+        "some sessions merged records"
+    );
     assert_eq!(run("session", "{session: {gap: 2500ms}, grace: 5s}"), want);
 }

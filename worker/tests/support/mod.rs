@@ -34,7 +34,11 @@ pub fn unique(prefix: &str) -> String {
         .unwrap()
         .as_millis()
         % 100_000_000;
-    format!("{prefix}-{t}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}-{t}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// Polls `f` until it returns `Some`, or panics after `timeout` saying what did not happen.
@@ -44,7 +48,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -71,10 +78,20 @@ pub struct Input {
 
 impl Input {
     pub fn json(key: &str, value: serde_json::Value) -> Self {
-        Self { key: Some(key.into()), value: serde_json::to_vec(&value).unwrap(), partition: None, timestamp: None }
+        Self {
+            key: Some(key.into()),
+            value: serde_json::to_vec(&value).unwrap(),
+            partition: None,
+            timestamp: None,
+        }
     }
     pub fn raw(key: &str, value: &[u8]) -> Self {
-        Self { key: Some(key.into()), value: value.to_vec(), partition: None, timestamp: None }
+        Self {
+            key: Some(key.into()),
+            value: value.to_vec(),
+            partition: None,
+            timestamp: None,
+        }
     }
     pub fn partition(mut self, p: i32) -> Self {
         self.partition = Some(p);
@@ -108,7 +125,10 @@ pub fn produce(topic: &str, records: impl IntoIterator<Item = Input>) {
         loop {
             match p.send(rec) {
                 Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    back,
+                )) => {
                     rec = back;
                     p.poll(Duration::from_millis(5));
                 }
@@ -131,7 +151,10 @@ pub struct Out {
 impl Out {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(self.value.as_deref().unwrap_or(b"null")).unwrap_or_else(|e| {
-            panic!("output at {}@{} is not JSON: {e}", self.partition, self.offset)
+            panic!(
+                "output at {}@{} is not JSON: {e}",
+                self.partition, self.offset
+            )
         })
     }
 }
@@ -147,15 +170,25 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
         .set("isolation.level", isolation)
         .create()
         .expect("consumer");
-    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
-    let parts = md.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len()).unwrap_or(0);
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let parts = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
     assert!(parts > 0, "topic {topic} does not exist");
     let mut tpl = TopicPartitionList::new();
     let mut open = std::collections::BTreeSet::new();
     for p in 0..parts as i32 {
-        let (lo, hi) = c.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
+        let (lo, hi) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
         if hi > lo {
-            tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .unwrap();
             open.insert(p);
         }
     }
@@ -166,13 +199,19 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
     c.assign(&tpl).expect("assign");
     let deadline = Instant::now() + Duration::from_secs(120);
     while !open.is_empty() {
-        assert!(Instant::now() < deadline, "timed out reading {topic}; partitions {open:?} never reached their end");
+        assert!(
+            Instant::now() < deadline,
+            "timed out reading {topic}; partitions {open:?} never reached their end"
+        );
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 let mut headers = BTreeMap::new();
                 if let Some(h) = m.headers() {
                     for x in h.iter() {
-                        headers.insert(x.key.to_string(), String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned());
+                        headers.insert(
+                            x.key.to_string(),
+                            String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned(),
+                        );
                     }
                 }
                 out.push(Out {
@@ -195,7 +234,11 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A minimal HTTP/1.0 GET: status code and body.
@@ -206,7 +249,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((code, body))
 }
 
@@ -233,37 +279,69 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 impl WorkerBuilder {
     pub fn new(manifest: String, state_dir: &Path) -> Self {
-        Self { manifest, state_dir: state_dir.to_path_buf(), instance: 0, instances: 1 }
+        Self {
+            manifest,
+            state_dir: state_dir.to_path_buf(),
+            instance: 0,
+            instances: 1,
+        }
     }
 
     pub fn spawn(&self) -> Worker {
-        let dir = self.state_dir.parent().unwrap_or(&self.state_dir).to_path_buf();
+        let dir = self
+            .state_dir
+            .parent()
+            .unwrap_or(&self.state_dir)
+            .to_path_buf();
         let cfg = dir.join(format!("app-{}.yaml", self.instance));
         std::fs::write(&cfg, &self.manifest).unwrap();
         let port = free_port();
         static RUN: AtomicU32 = AtomicU32::new(0);
-        let log = dir.join(format!("worker-{}-{}.log", self.instance, RUN.fetch_add(1, Ordering::SeqCst)));
+        let log = dir.join(format!(
+            "worker-{}-{}.log",
+            self.instance,
+            RUN.fetch_add(1, Ordering::SeqCst)
+        ));
         let f = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_oxbow-worker"))
             .args(["run", "--config"])
             .arg(&cfg)
             .arg("--state-dir")
             .arg(&self.state_dir)
-            .args(["--instance", &self.instance.to_string(), "--instances", &self.instances.to_string()])
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--memory-mib", "64"])
-            .env("RUST_LOG", "info,librdkafka=warn")
+            .args([
+                "--instance",
+                &self.instance.to_string(),
+                "--instances",
+                &self.instances.to_string(),
+            ])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--memory-mib",
+                "64",
+            ])
+            .env(
+                "RUST_LOG",
+                std::env::var("OXBOW_TEST_LOG").unwrap_or_else(|_| "info,librdkafka=warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(f)
             .spawn()
             .expect("spawn oxbow-worker");
-        Worker { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), log }
+        Worker {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            log,
+        }
     }
 }
 
 impl Worker {
     pub fn status(&self) -> Option<serde_json::Value> {
         let (code, body) = http_get(self.addr, "/v1/status")?;
-        (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+        (code == 200)
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
     }
 
     pub fn logs(&self) -> String {
@@ -278,12 +356,19 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.exited() {
-                panic!("worker exited with {st} before it was ready; log:\n{}", self.logs());
+                panic!(
+                    "worker exited with {st} before it was ready; log:\n{}",
+                    self.logs()
+                );
             }
             if http_get(self.addr, "/readyz").is_some_and(|(c, _)| c == 200) {
                 return;
             }
-            assert!(Instant::now() < deadline, "worker not ready after {timeout:?}; log:\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "worker not ready after {timeout:?}; log:\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -295,7 +380,11 @@ impl Worker {
             s["tasks"]
                 .as_array()?
                 .iter()
-                .map(|t| t["processed"].as_u64().unwrap_or(0) + t["deadLetters"].as_u64().unwrap_or(0) + t["skipped"].as_u64().unwrap_or(0))
+                .map(|t| {
+                    t["processed"].as_u64().unwrap_or(0)
+                        + t["deadLetters"].as_u64().unwrap_or(0)
+                        + t["skipped"].as_u64().unwrap_or(0)
+                })
                 .sum(),
         )
     }
@@ -305,7 +394,10 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.exited() {
-                panic!("worker exited with {st} while processing; log:\n{}", self.logs());
+                panic!(
+                    "worker exited with {st} while processing; log:\n{}",
+                    self.logs()
+                );
             }
             if let Some(s) = self.status()
                 && let Some(tasks) = s["tasks"].as_array()
@@ -317,7 +409,12 @@ impl Worker {
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "worker did not commit up to {ends:?} of {topic} within {timeout:?}; status: {:?}\nlog:\n{}", self.status(), self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "worker did not commit up to {ends:?} of {topic} within {timeout:?}; status: {:?}\nlog:\n{}",
+                self.status(),
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -334,10 +431,18 @@ impl Worker {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(st) = self.exited() {
-                assert!(st.success(), "worker exited with {st} after SIGTERM; log:\n{}", self.logs());
+                assert!(
+                    st.success(),
+                    "worker exited with {st} after SIGTERM; log:\n{}",
+                    self.logs()
+                );
                 return;
             }
-            assert!(Instant::now() < deadline, "worker did not exit within 30s of SIGTERM; log:\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within 30s of SIGTERM; log:\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -352,11 +457,28 @@ impl Drop for Worker {
 
 /// End offsets of every partition of `topic`.
 pub fn end_offsets(topic: &str) -> BTreeMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
-    let n = md.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len()).unwrap_or(0);
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let n = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
     (0..n as i32)
-        .map(|p| (p, c.fetch_watermarks(topic, p, Duration::from_secs(10)).unwrap().1))
+        .map(|p| {
+            (
+                p,
+                c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .unwrap()
+                    .1,
+            )
+        })
         .collect()
 }
 
@@ -369,9 +491,16 @@ pub fn digests(manifest_path: &Path, state_dir: &Path) -> BTreeMap<String, Strin
         .arg(state_dir)
         .output()
         .expect("run oxbow-worker digest");
-    assert!(out.status.success(), "digest failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "digest failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.to_string(), b.trim().to_string())))
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.trim().to_string()))
+        })
         .collect()
 }
