@@ -10,7 +10,7 @@ use std::time::Duration;
 pub use oxbow_crds::topics::{
     DEFAULT_DIRTY_RATIO, DEFAULT_SEGMENT_MS, Role, WantedTopic, wanted_topics,
 };
-use oxbow_crds::{DriftPolicy, StreamApp, TopicStatus};
+use oxbow_crds::{DriftPolicy, TopicStatus};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,

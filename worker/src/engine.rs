@@ -910,7 +910,7 @@ fn restore_store(
     consumer.assign(&tpl).map_err(|e| fail(e.to_string()))?;
     let mut sorted: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
     let mut sorted_bytes = 0usize;
-    let mut batch: Vec<((StoreName, Vec<u8>), Option<Vec<u8>>)> = Vec::new();
+    let mut batch: Vec<crate::overlay::Write> = Vec::new();
     let mut files = 0usize;
     let mut last_progress = Instant::now();
     let mut last_offset = from - 1;

@@ -36,16 +36,9 @@ pub enum ExprError {
 
 /// The stdlib environment shared by every evaluation: building it is not free, so the
 /// worker builds it once and gives each record a child scope.
+#[derive(Default)]
 pub struct Env {
     root: Context<'static, 'static>,
-}
-
-impl Default for Env {
-    fn default() -> Self {
-        Self {
-            root: Context::default(),
-        }
-    }
 }
 
 /// What an expression sees.

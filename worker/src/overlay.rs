@@ -14,6 +14,9 @@ use oxbow_crds::StoreName;
 /// A key in one store.
 pub type StoreKey = (StoreName, Vec<u8>);
 
+/// A key's last write since the last commit; `None` is a delete.
+pub type Write = (StoreKey, Option<Vec<u8>>);
+
 /// What a read found in the overlay: a pending value, a pending delete, or nothing
 /// (the caller then reads the committed store).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +83,7 @@ impl Overlay {
 
     /// The last value (or delete) of every key written since the last commit, in key
     /// order, for the changelog and the WriteBatch. The overlay is empty afterwards.
-    pub fn drain(&mut self) -> Vec<(StoreKey, Option<Vec<u8>>)> {
+    pub fn drain(&mut self) -> Vec<Write> {
         debug_assert!(
             self.scope.is_empty(),
             "drain inside a record's unit of work"

@@ -48,6 +48,9 @@ impl From<crate::expr::ExprError> for StepError {
     }
 }
 
+/// Visits one committed entry of a store: key, value.
+pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StepError> + 'a;
+
 /// A processor's window on its task: state, source position, CEL environment.
 pub struct Context<'a> {
     pub(crate) task: TaskId,
@@ -88,11 +91,7 @@ impl Context<'_> {
     }
     /// Every committed entry of a store (RocksDB only): for [`Processor::init`], which
     /// runs before any record, when the overlay is empty.
-    pub fn scan(
-        &self,
-        store: &StoreName,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StepError>,
-    ) -> Result<(), StepError> {
+    pub fn scan(&self, store: &StoreName, f: &mut ScanFn<'_>) -> Result<(), StepError> {
         self.db.scan(store, &mut |k, v| f(k, v))
     }
 }

@@ -446,11 +446,9 @@ impl Acc {
                 *sum += s2;
                 *n += n2;
             }
-            (Acc::Last { v, ts }, Acc::Last { v: v2, ts: t2 }) => {
-                if *t2 >= *ts {
-                    *v = v2.clone();
-                    *ts = *t2;
-                }
+            (Acc::Last { v, ts }, Acc::Last { v: v2, ts: t2 }) if *t2 >= *ts => {
+                *v = v2.clone();
+                *ts = *t2;
             }
             _ => {}
         }
@@ -730,10 +728,7 @@ impl Processor for Aggregate {
         let mut values = Vec::with_capacity(self.fields.len());
         for (_, _, e) in &self.fields {
             values.push(match e {
-                Some(e) => {
-                    let v = e.json(ctx.env(), &input(&r))?;
-                    v
-                }
+                Some(e) => e.json(ctx.env(), &input(&r))?,
                 None => Json::Null,
             });
         }

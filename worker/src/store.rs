@@ -180,7 +180,7 @@ impl TaskDb {
     pub fn scan(
         &self,
         store: &StoreName,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), crate::processor::StepError>,
+        f: &mut crate::processor::ScanFn<'_>,
     ) -> Result<(), crate::processor::StepError> {
         for item in self
             .db
@@ -236,7 +236,7 @@ impl TaskDb {
     /// Applies a unit of work's state and the offsets it corresponds to, atomically.
     pub fn commit(
         &self,
-        writes: &[((StoreName, Vec<u8>), Option<Vec<u8>>)],
+        writes: &[crate::overlay::Write],
         changelog: &BTreeMap<StoreName, i64>,
         source: &BTreeMap<String, i64>,
     ) -> Result<(), StoreError> {

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use oxbow_crds::{ErrorPolicy, RecordFormat, StoreName, TaskId};
+use oxbow_crds::{ErrorPolicy, RecordFormat, TaskId};
 use serde_json::Value as Json;
 
 use crate::config::App;
@@ -55,7 +55,7 @@ pub enum Outcome {
 
 /// What a commit writes: changelog records, the WriteBatch, the positions.
 pub struct Commit {
-    pub writes: Vec<((StoreName, Vec<u8>), Option<Vec<u8>>)>,
+    pub writes: Vec<crate::overlay::Write>,
     pub source_header: String,
     pub positions: BTreeMap<String, i64>,
 }
