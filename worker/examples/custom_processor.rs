@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         instance: 0,
         instances: 1,
         memory_budget: 64 << 20,
+        instance_from_pod_name: false,
     };
     oxbow_worker::run_with(app, vec![risk], opts, Some(listen.parse()?))
 }

@@ -41,6 +41,8 @@ use crate::task::{
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// A task commits early when this many records are pending, whatever the interval.
 const MAX_UNCOMMITTED: u64 = 50_000;
+/// Every task commits its position at least this often, even when idle.
+const OFFSET_REFRESH: Duration = Duration::from_secs(60);
 /// Bulk-load chunk: entries buffered before an SST file is written.
 const INGEST_CHUNK_BYTES: usize = 64 << 20;
 
@@ -97,6 +99,10 @@ pub struct RunOptions {
     pub instances: u32,
     /// Block cache plus memtables for the whole process.
     pub memory_budget: usize,
+    /// The instance number came from the pod name, not from `--instance`: a pod whose
+    /// ordinal is beyond `instances` runs no task (it must not double-process) until the
+    /// operator publishes an assignment.
+    pub instance_from_pod_name: bool,
 }
 
 /// Delivery reports of every producer: the last offset per partition (changelog
@@ -288,8 +294,16 @@ impl Engine {
             .flat_map(|f| f(TaskId(0)).stores())
             .collect();
         ensure_topics(&app, &consumer, task_count, &all_stores)?;
-        let ids =
-            oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?;
+        let ids = if opts.instance_from_pod_name && opts.instance >= opts.instances {
+            tracing::warn!(
+                instance = opts.instance,
+                instances = opts.instances,
+                "this pod's ordinal is beyond --instances: it runs no task (set OXBOW_INSTANCES, or wait for the operator's assignment)"
+            );
+            Vec::new()
+        } else {
+            oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?
+        };
         tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
         shared.update(|s| {
             s.state = "Starting".into();
@@ -332,6 +346,7 @@ impl Engine {
                 source,
             })?;
         let mut committed: BTreeMap<TaskId, BTreeMap<String, i64>> = BTreeMap::new();
+        // Offsets of topics no longer in the spec are not ours to resume from.
         for e in committed_tpl.elements() {
             if let Offset::Offset(o) = e.offset() {
                 committed
@@ -360,12 +375,35 @@ impl Engine {
                 .join(&app.application_id)
                 .join(id.to_string());
             let db = TaskDb::open(&dir, *id, &stores, &memory)?;
+            // Kafka drops a group's offsets after offsets.retention.minutes without a
+            // commit; the positions kept with the state are then the best truth, far
+            // better than reprocessing the topic from the start into existing state.
+            let kept = db.checkpoint()?.source;
+            for topic in &spec.source.topics {
+                let known = committed.get(id).is_some_and(|m| m.contains_key(topic));
+                if let (false, Some(pos)) = (known, kept.get(topic)) {
+                    tracing::warn!(task = %id, topic, position = pos,
+                        "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
+                    committed
+                        .entry(*id)
+                        .or_default()
+                        .insert(topic.clone(), *pos);
+                }
+            }
             let mut task = Task::new(*id, db, processors);
             let done = committed.get(id).cloned().unwrap_or_default();
             task.positions = done.clone();
             shared.task(id.0, |t| t.state = TaskState::Restoring);
-            let progress =
-                restore_task(&app, &restore_consumer, &mut task, &stores, &done, &shared)?;
+            let progress = restore_task(
+                &app,
+                &restore_consumer,
+                &mut task,
+                &stores,
+                // Under exactly-once read_committed already hides uncommitted work;
+                // the source-offset filter is for at-least-once.
+                (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(&done),
+                &shared,
+            )?;
             tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
                 seconds = progress.seconds, rate = progress.records_per_second, "restored");
             task.init(&env).map_err(|e| EngineError::Init {
@@ -417,6 +455,7 @@ impl Engine {
         let mut last_commit = Instant::now();
         let mut last_punctuate = Instant::now();
         let mut last_report = Instant::now();
+        let mut last_refresh = Instant::now();
         let mut out = Vec::new();
         while !self.shared.stopping() {
             match self.consumer.poll(Duration::from_millis(5)) {
@@ -461,6 +500,18 @@ impl Engine {
                         task.punctuate(&self.app, &self.env, now_ms(), &mut out)?;
                     }
                     self.send_outputs(id, &out)?;
+                }
+            }
+            if last_refresh.elapsed() >= OFFSET_REFRESH {
+                // An idle partition's offsets would expire (offsets.retention.minutes)
+                // without a commit: commit every task's position now and then.
+                last_refresh = Instant::now();
+                for t in self
+                    .tasks
+                    .values_mut()
+                    .filter(|t| t.failed.is_none() && !t.positions.is_empty())
+                {
+                    t.uncommitted = t.uncommitted.max(1);
                 }
             }
             let pending = self
@@ -622,6 +673,14 @@ impl Engine {
             return Ok(());
         }
         let app_id = self.app.application_id.clone();
+        if let Producers::Shared(p) = &self.producers {
+            // At-least-once: outputs must be durable before the changelog that records
+            // their effect (a batch's deletion), or a crash in between could keep the
+            // effect and lose the output.
+            p.flush(KAFKA_TIMEOUT)
+                .map_err(|e| EngineError::Delivery(e.to_string()))?;
+            self.check_delivery()?;
+        }
         let mut commits = BTreeMap::new();
         for id in &ids {
             let Some(task) = self.tasks.get_mut(id) else {
@@ -781,7 +840,7 @@ fn restore_task(
     consumer: &BaseConsumer,
     task: &mut Task,
     stores: &[StoreName],
-    committed: &BTreeMap<String, i64>,
+    committed: Option<&BTreeMap<String, i64>>,
     shared: &Shared,
 ) -> Result<RestoreProgress, EngineError> {
     let started = Instant::now();
@@ -856,7 +915,18 @@ fn restore_task(
             }
         };
         restore_store(
-            consumer, task, &store, &topic, from, to, bulk, committed, &mut total, started, shared,
+            consumer,
+            task,
+            &store,
+            &topic,
+            from,
+            to,
+            bulk,
+            committed,
+            &app.manifest.spec.source.topics,
+            &mut total,
+            started,
+            shared,
         )?;
     }
     total.remaining = 0;
@@ -887,7 +957,8 @@ fn restore_store(
     from: i64,
     to: i64,
     bulk: bool,
-    committed: &BTreeMap<String, i64>,
+    committed: Option<&BTreeMap<String, i64>>,
+    source_topics: &[String],
     progress: &mut RestoreProgress,
     started: Instant,
     shared: &Shared,
@@ -934,7 +1005,9 @@ fn restore_store(
                     })
                     .and_then(|v| std::str::from_utf8(v).ok())
                     .and_then(parse_source_header);
-                if !produced_by_committed_work(header.as_ref(), committed) {
+                if let Some(committed) = committed
+                    && !produced_by_committed_work(header.as_ref(), committed, source_topics)
+                {
                     progress.skipped += 1;
                     continue;
                 }

@@ -88,17 +88,16 @@ fn main() -> std::process::ExitCode {
 
 fn run(a: RunArgs) -> anyhow::Result<()> {
     let app = oxbow_worker::App::load(&a.config, a.kafka_secret_dir.as_deref())?;
-    let instance = a.instance.unwrap_or_else(|| {
-        std::env::var("POD_NAME")
-            .ok()
-            .and_then(|p| p.rsplit_once('-').and_then(|(_, n)| n.parse().ok()))
-            .unwrap_or(0)
-    });
+    let from_pod = std::env::var("POD_NAME")
+        .ok()
+        .and_then(|p| p.rsplit_once('-').and_then(|(_, n)| n.parse::<u32>().ok()));
+    let instance = a.instance.or(from_pod).unwrap_or(0);
     let opts = oxbow_worker::RunOptions {
         state_dir: a.state_dir,
         instance,
         instances: a.instances,
         memory_budget: a.memory_mib << 20,
+        instance_from_pod_name: a.instance.is_none() && from_pod.is_some(),
     };
     tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
     oxbow_worker::run(app, opts, Some(a.listen))

@@ -256,7 +256,21 @@ impl Processor for Dedupe {
         let id = self.id.key(ctx.env(), &input(&r))?;
         let key = [b"k".as_slice(), id.as_bytes()].concat();
         let seen = ctx.get(&self.store, &key)?.as_deref().and_then(be_i64);
-        self.stream_time = self.stream_time.max(r.timestamp);
+        // Stream time lives in the store (an aborted record cannot move it, a restart
+        // finds it again).
+        let prev = ctx
+            .get(&self.store, STREAM_TIME)?
+            .as_deref()
+            .and_then(be_i64)
+            .unwrap_or(self.stream_time);
+        self.stream_time = prev.max(r.timestamp);
+        if self.stream_time != prev {
+            ctx.put(
+                &self.store,
+                STREAM_TIME,
+                self.stream_time.to_be_bytes().to_vec(),
+            );
+        }
         // Forget ids that fell out of the window: the store stays bounded.
         while let Some((at, old)) = self.expiry.first().cloned() {
             if at >= self.stream_time {
@@ -273,7 +287,7 @@ impl Processor for Dedupe {
             }
         }
         match seen {
-            Some(t) if (r.timestamp - t).abs() <= self.within => Ok(()),
+            Some(t) if r.timestamp.abs_diff(t) <= self.within.unsigned_abs() => Ok(()),
             _ => {
                 ctx.put(&self.store, &key, r.timestamp.to_be_bytes().to_vec());
                 self.expiry
@@ -915,9 +929,9 @@ struct Batch {
     undo: Vec<(String, i64)>,
 }
 
-/// The broker's default `message.max.bytes`; a batch record larger than this cannot be
-/// produced.
-pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 1_048_588;
+/// librdkafka's default `message.max.bytes` (the broker's is slightly larger): a batch
+/// record larger than this cannot be produced.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 1_000_000;
 
 impl Batch {
     fn compile(p: &str, name: String, b: &BatchStep) -> Result<Self, CompileError> {

@@ -19,6 +19,9 @@ use crate::store::{StoreError, TaskDb};
 /// records: `topic:offset[,topic:offset]`, the last offset processed per topic.
 pub const SOURCE_HEADER: &str = "oxbow.source";
 
+/// 9999-12-31T23:59:59.999Z: the largest event time accepted.
+pub const MAX_TIMESTAMP: i64 = 253_402_300_799_999;
+
 /// A record read from a source topic.
 pub struct SourceMessage<'a> {
     pub topic: &'a str,
@@ -202,6 +205,15 @@ impl Task {
                 .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
             None => kafka_ts,
         };
+        // Window arithmetic needs sane times: 1970 to 9999.
+        if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
+            return Err((
+                "timestamp".to_string(),
+                StepError::Record(format!(
+                    "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
+                )),
+            ));
+        }
         let records = vec![Record {
             key,
             value,
@@ -388,13 +400,20 @@ pub fn parse_source_header(h: &str) -> Option<BTreeMap<String, i64>> {
 pub fn produced_by_committed_work(
     header: Option<&BTreeMap<String, i64>>,
     committed: &BTreeMap<String, i64>,
+    known_topics: &[String],
 ) -> bool {
     match header {
         // Records without the header (written by other tools) are trusted.
         None => true,
-        Some(h) => h.iter().all(|(t, o)| {
-            crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())
-        }),
+        // The committed map holds an entry per current source topic that has a
+        // committed offset; a header may also name topics since removed from the spec,
+        // which say nothing about the current offsets.
+        Some(h) => h
+            .iter()
+            .filter(|(t, _)| known_topics.contains(t))
+            .all(|(t, o)| {
+                crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())
+            }),
     }
 }
 
@@ -412,19 +431,28 @@ mod tests {
     #[test]
     fn the_source_header_round_trips_and_filters_uncommitted_work() {
         let h = parse_source_header("in:41,other:9").expect("parses");
+        let topics = vec!["in".to_string(), "other".to_string()];
         let committed = BTreeMap::from([("in".to_string(), 42), ("other".to_string(), 10)]);
-        assert!(produced_by_committed_work(Some(&h), &committed));
+        assert!(produced_by_committed_work(Some(&h), &committed, &topics));
         let behind = BTreeMap::from([("in".to_string(), 41), ("other".to_string(), 10)]);
         assert!(
-            !produced_by_committed_work(Some(&h), &behind),
+            !produced_by_committed_work(Some(&h), &behind, &topics),
             "offset 41 not committed"
         );
         assert!(
-            !produced_by_committed_work(Some(&h), &BTreeMap::new()),
+            !produced_by_committed_work(Some(&h), &BTreeMap::new(), &topics),
             "nothing committed"
         );
-        assert!(produced_by_committed_work(None, &BTreeMap::new()));
+        assert!(produced_by_committed_work(None, &BTreeMap::new(), &topics));
         assert_eq!(parse_source_header("in:x"), None);
+        // A topic removed from the spec no longer vetoes its records.
+        let only_in = vec!["in".to_string()];
+        let committed_in = BTreeMap::from([("in".to_string(), 42)]);
+        assert!(produced_by_committed_work(
+            Some(&h),
+            &committed_in,
+            &only_in
+        ));
     }
 
     #[test]
