@@ -205,8 +205,9 @@ fn main() {
         })
         .collect();
 
+    let commit = std::env::var("BENCH_COMMIT_INTERVAL").unwrap_or_else(|_| "100ms".into());
     println!(
-        "\nOxbow worker, W1 windowed aggregate: {records} records, {keys} keys, {partitions} partitions, commit 100 ms"
+        "\nOxbow worker, W1 windowed aggregate: {records} records, {keys} keys, {partitions} partitions, commit {commit}"
     );
     println!(
         "{:<16} {:>12} {:>10} {:>14} {:>12}",
@@ -220,7 +221,7 @@ fn main() {
         std::fs::write(
             &manifest,
             format!(
-                "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: {guarantee}\n  commitInterval: 100ms\n  source: {{topics: [{input}], timestamp: value.ts}}\n  steps:\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {app}-out}}\n"
+                "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: {guarantee}\n  commitInterval: {commit}\n  source: {{topics: [{input}], timestamp: value.ts}}\n  steps:\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {app}-out}}\n"
             ),
         )
         .expect("manifest");

@@ -199,6 +199,27 @@ fn producer(
         })
 }
 
+/// Waits until every record handed to `p` is acknowledged.
+///
+/// rdkafka's `flush` alternates `rd_kafka_flush(0)` with a `poll` of up to 100 ms; with
+/// a `ThreadedProducer` the background thread takes the delivery events, so that poll
+/// sleeps its full 100 ms and every flush costs at least that. Here the zero-timeout
+/// flush (which also sends lingering batches at once) is repeated with short pauses.
+fn flush(p: &KProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match p.flush(Duration::ZERO) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn send(
     p: &KProducer,
     topic: &str,
@@ -677,8 +698,7 @@ impl Engine {
             // At-least-once: outputs must be durable before the changelog that records
             // their effect (a batch's deletion), or a crash in between could keep the
             // effect and lose the output.
-            p.flush(KAFKA_TIMEOUT)
-                .map_err(|e| EngineError::Delivery(e.to_string()))?;
+            flush(p, KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
             self.check_delivery()?;
         }
         let mut commits = BTreeMap::new();
@@ -727,7 +747,7 @@ impl Engine {
                     p.send_offsets_to_transaction(&tpl, &gm, KAFKA_TIMEOUT)
                         .map_err(|source| EngineError::Commit { task: *id, source })?;
                 }
-                p.flush(KAFKA_TIMEOUT)
+                flush(p, KAFKA_TIMEOUT)
                     .map_err(|source| EngineError::Commit { task: *id, source })?;
                 p.commit_transaction(KAFKA_TIMEOUT)
                     .map_err(|source| EngineError::Commit { task: *id, source })?;
@@ -739,8 +759,7 @@ impl Engine {
             }
         }
         if let Producers::Shared(p) = &self.producers {
-            p.flush(KAFKA_TIMEOUT)
-                .map_err(|e| EngineError::Delivery(e.to_string()))?;
+            flush(p, KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
             self.check_delivery()?;
             let mut tpl = TopicPartitionList::new();
             for (id, (c, _)) in &commits {
