@@ -104,6 +104,13 @@ pub trait Processor: Send {
     fn stores(&self) -> Vec<StoreName> {
         Vec::new()
     }
+    /// Whether this processor's outputs are new records built from its state (closed
+    /// windows, batches) rather than the input passed on. A later step that fails on
+    /// such a record dead-letters that record alone: the state that produced it (a
+    /// window marked emitted) is kept, so one bad emission cannot block the partition.
+    fn emits(&self) -> bool {
+        false
+    }
     /// After restore, before the first record: rebuild in-memory hints from the stores.
     fn init(&mut self, _ctx: &mut Context<'_>) -> Result<(), StepError> {
         Ok(())

@@ -708,6 +708,9 @@ impl Processor for Aggregate {
     fn name(&self) -> &str {
         &self.name
     }
+    fn emits(&self) -> bool {
+        true
+    }
     fn stores(&self) -> Vec<StoreName> {
         vec![self.store.clone()]
     }
@@ -1021,6 +1024,9 @@ impl Batch {
 impl Processor for Batch {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn emits(&self) -> bool {
+        true
     }
     fn stores(&self) -> Vec<StoreName> {
         vec![self.store.clone()]

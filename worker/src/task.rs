@@ -214,11 +214,14 @@ impl Task {
                 )),
             ));
         }
-        let records = vec![Record {
-            key,
-            value,
-            timestamp,
-        }];
+        let records = vec![(
+            Record {
+                key,
+                value,
+                timestamp,
+            },
+            false,
+        )];
         let mut ctx = Context {
             task: self.id,
             overlay: &mut self.overlay,
@@ -227,8 +230,20 @@ impl Task {
             source: Some(source),
             now_ms: now,
         };
-        let records = run_steps(&mut self.processors, 0, &mut ctx, records)?;
-        sink(app, env, records, produced)
+        let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;
+        let mut dead = Vec::new();
+        let records = run_steps(
+            &mut self.processors,
+            0,
+            &mut ctx,
+            records,
+            isolate,
+            &mut dead,
+        )?;
+        sink(app, env, records, isolate, &mut dead, produced)?;
+        let src = ctx.source.clone();
+        dead_emissions(self.id, app, dead, src.as_ref(), produced);
+        Ok(())
     }
 
     /// Wall-clock work of every processor (batch `maxWait`), as its own unit of work.
@@ -249,18 +264,31 @@ impl Task {
             now_ms: now,
         };
         let mut result = Ok(());
+        let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;
+        let mut dead = Vec::new();
         for i in 0..self.processors.len() {
             let mut emitted = Vec::new();
             let r = self.processors[i]
                 .punctuate(&mut ctx, &mut emitted)
                 .map_err(|e| (self.processors[i].name().to_string(), e))
-                .and_then(|()| run_steps(&mut self.processors, i + 1, &mut ctx, emitted))
-                .and_then(|recs| sink(app, env, recs, &mut produced));
+                .and_then(|()| {
+                    let flow = emitted.into_iter().map(|r| (r, true)).collect();
+                    run_steps(
+                        &mut self.processors,
+                        i + 1,
+                        &mut ctx,
+                        flow,
+                        isolate,
+                        &mut dead,
+                    )
+                })
+                .and_then(|recs| sink(app, env, recs, isolate, &mut dead, &mut produced));
             if r.is_err() {
                 result = r;
                 break;
             }
         }
+        dead_emissions(self.id, app, dead, None, &mut produced);
         match result {
             Ok(()) => {
                 let any = self.overlay.has_scope() || !produced.is_empty();
@@ -303,17 +331,86 @@ impl Task {
     }
 }
 
+/// Emitted records that a later step failed on go to the error policy one by one (the
+/// DLQ gets the emitted record as JSON, flagged `oxbow.emitted`), while the unit of
+/// work that emitted them commits.
+fn dead_emissions(
+    task: TaskId,
+    app: &App,
+    dead: Vec<DeadEmission>,
+    source: Option<&SourcePos>,
+    out: &mut Vec<Output>,
+) {
+    for d in dead {
+        if app.manifest.spec.errors.policy == ErrorPolicy::DeadLetter {
+            let mut headers = vec![
+                ("oxbow.error", d.error),
+                ("oxbow.step", d.step),
+                ("oxbow.emitted", "true".to_string()),
+            ];
+            if let Some(s) = source {
+                headers.push(("oxbow.topic", s.topic.clone()));
+                headers.push(("oxbow.partition", s.partition.to_string()));
+                headers.push(("oxbow.offset", s.offset.to_string()));
+            }
+            crate::metrics::METRICS
+                .dead_letters
+                .get_or_create(&crate::metrics::task(task))
+                .inc();
+            out.push(Output::DeadLetter {
+                key: encode_key(&d.record.key),
+                value: Some(serde_json::to_vec(&d.record.value).unwrap_or_default()),
+                headers,
+            });
+        } else {
+            crate::metrics::METRICS
+                .skipped
+                .get_or_create(&crate::metrics::task(task))
+                .inc();
+            tracing::warn!(task = %task, step = %d.step, error = %d.error, "skipping an emitted record");
+        }
+    }
+}
+
+/// A record emitted by a stateful step that a later step (or the sink) failed on.
+pub struct DeadEmission {
+    pub step: String,
+    pub error: String,
+    pub record: Record,
+}
+
+/// Records in flight, each flagged if a stateful step emitted it (see
+/// [`Processor::emits`]).
+type Flow = Vec<(Record, bool)>;
+
 fn run_steps(
     processors: &mut [Box<dyn Processor>],
     from: usize,
     ctx: &mut Context<'_>,
-    mut records: Vec<Record>,
-) -> Result<Vec<Record>, (String, StepError)> {
+    mut records: Flow,
+    isolate: bool,
+    dead: &mut Vec<DeadEmission>,
+) -> Result<Flow, (String, StepError)> {
+    let mut produced = Vec::new();
     for p in processors.iter_mut().skip(from) {
         let mut next = Vec::with_capacity(records.len());
-        for r in records {
-            p.process(ctx, r, &mut next)
-                .map_err(|e| (p.name().to_string(), e))?;
+        let emits = p.emits();
+        for (r, emitted) in records {
+            let keep = (emitted && isolate).then(|| r.clone());
+            match p.process(ctx, r, &mut produced) {
+                Ok(()) => next.extend(produced.drain(..).map(|o| (o, emitted || emits))),
+                Err(StepError::Record(error)) if keep.is_some() => {
+                    produced.clear();
+                    if let Some(record) = keep {
+                        dead.push(DeadEmission {
+                            step: p.name().to_string(),
+                            error,
+                            record,
+                        });
+                    }
+                }
+                Err(e) => return Err((p.name().to_string(), e)),
+            }
         }
         records = next;
         if records.is_empty() {
@@ -326,38 +423,47 @@ fn run_steps(
 fn sink(
     app: &App,
     env: &Env,
-    records: Vec<Record>,
+    records: Flow,
+    isolate: bool,
+    dead: &mut Vec<DeadEmission>,
     out: &mut Vec<Output>,
 ) -> Result<(), (String, StepError)> {
     if app.manifest.spec.sink.is_none() {
         return Ok(());
     }
-    for r in records {
-        let input = Input {
-            key: &r.key,
-            value: &r.value,
-            timestamp: r.timestamp,
-        };
-        let key = match &app.sink_key {
-            Some(e) => Json::String(
-                e.key(env, &input)
-                    .map_err(|e| ("sink".to_string(), e.into()))?,
-            ),
-            None => r.key.clone(),
-        };
-        let value = match &app.sink_value {
-            Some(e) => e
-                .json(env, &input)
-                .map_err(|e| ("sink".to_string(), e.into()))?,
-            None => r.value.clone(),
-        };
-        out.push(Output::Sink {
-            key: encode_key(&key),
-            value: serde_json::to_vec(&value).unwrap_or_default(),
-            timestamp: r.timestamp,
-        });
+    for (r, emitted) in records {
+        match sink_one(app, env, &r) {
+            Ok(o) => out.push(o),
+            Err(StepError::Record(error)) if emitted && isolate => dead.push(DeadEmission {
+                step: "sink".into(),
+                error,
+                record: r,
+            }),
+            Err(e) => return Err(("sink".into(), e)),
+        }
     }
     Ok(())
+}
+
+fn sink_one(app: &App, env: &Env, r: &Record) -> Result<Output, StepError> {
+    let input = Input {
+        key: &r.key,
+        value: &r.value,
+        timestamp: r.timestamp,
+    };
+    let key = match &app.sink_key {
+        Some(e) => Json::String(e.key(env, &input)?),
+        None => r.key.clone(),
+    };
+    let value = match &app.sink_value {
+        Some(e) => e.json(env, &input)?,
+        None => r.value.clone(),
+    };
+    Ok(Output::Sink {
+        key: encode_key(&key),
+        value: serde_json::to_vec(&value).unwrap_or_default(),
+        timestamp: r.timestamp,
+    })
 }
 
 /// Keys: strings as their bytes, null as no key, anything else as JSON text.
