@@ -348,7 +348,7 @@ impl Worker {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
