@@ -89,7 +89,7 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
             let proc = Aggregate::compile(&p, name, a)?;
             out.push(std::sync::Arc::new(move |_| Box::new(proc.clone())));
         } else if let Some(b) = &step.batch {
-            let proc = Batch::compile(&p, name, b)?;
+            let proc = Batch::compile(&p, name, b, spec.source.topics.len() > 1)?;
             out.push(std::sync::Arc::new(move |_| Box::new(proc.clone())));
         } else {
             return Err(CompileError::Invalid {
@@ -930,14 +930,25 @@ struct Batch {
     open: BTreeMap<String, i64>,
     warned: bool,
     undo: Vec<(String, i64)>,
+    /// Several source topics: one open batch per topic (and group), so a batch id's
+    /// offsets always belong to one topic.
+    per_topic: bool,
 }
+
+/// Separates the user's group from the topic in the internal batch key.
+const TOPIC_SEPARATOR: char = '\u{1f}';
 
 /// librdkafka's default `message.max.bytes` (the broker's is slightly larger): a batch
 /// record larger than this cannot be produced.
 pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 1_000_000;
 
 impl Batch {
-    fn compile(p: &str, name: String, b: &BatchStep) -> Result<Self, CompileError> {
+    fn compile(
+        p: &str,
+        name: String,
+        b: &BatchStep,
+        per_topic: bool,
+    ) -> Result<Self, CompileError> {
         Ok(Self {
             name,
             store: StoreName(b.store.clone()),
@@ -952,6 +963,7 @@ impl Batch {
             open: BTreeMap::new(),
             warned: false,
             undo: Vec::new(),
+            per_topic,
         })
     }
 
@@ -1002,10 +1014,9 @@ impl Batch {
             h.topic, h.partition, h.first_offset, h.last_offset
         );
         out.push(Record {
-            key: if group.is_empty() {
-                json!(batch_id)
-            } else {
-                json!(group)
+            key: match group.split(TOPIC_SEPARATOR).next().unwrap_or_default() {
+                "" => json!(batch_id),
+                g => json!(g),
             },
             value: json!({
                 "batchId": batch_id,
@@ -1057,6 +1068,11 @@ impl Processor for Batch {
         let src = ctx.source().cloned().ok_or_else(|| {
             StepError::Record("batch needs a source record (it cannot follow a punctuation)".into())
         })?;
+        let group = if self.per_topic {
+            format!("{group}{TOPIC_SEPARATOR}{}", src.topic)
+        } else {
+            group
+        };
         let item =
             json!({"key": r.key, "value": r.value, "offset": src.offset, "timestamp": r.timestamp});
         let bytes = serde_json::to_vec(&item).unwrap_or_default();
