@@ -401,6 +401,7 @@ impl Worker {
             }
             if let Some(s) = self.status()
                 && let Some(tasks) = s["tasks"].as_array()
+                && !tasks.is_empty()
                 && tasks.iter().all(|t| {
                     let p = t["task"].as_i64().unwrap_or(-1) as i32;
                     let want = ends.get(&p).copied().unwrap_or(0);
