@@ -183,9 +183,11 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
     let mut tpl = TopicPartitionList::new();
     let mut open = std::collections::BTreeSet::new();
     for p in 0..parts as i32 {
-        let (lo, hi) = c
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .expect("watermarks");
+        let (lo, hi) = wait_for(
+            &format!("the offsets of {topic}[{p}]"),
+            Duration::from_secs(60),
+            || c.fetch_watermarks(topic, p, Duration::from_secs(5)).ok(),
+        );
         if hi > lo {
             tpl.add_partition_offset(topic, p, Offset::Beginning)
                 .unwrap();
@@ -471,14 +473,15 @@ pub fn end_offsets(topic: &str) -> BTreeMap<i32, i64> {
         .find(|t| t.name() == topic)
         .map(|t| t.partitions().len())
         .unwrap_or(0);
+    // Right after a broker restart a partition may have no leader yet: retry.
     (0..n as i32)
         .map(|p| {
-            (
-                p,
-                c.fetch_watermarks(topic, p, Duration::from_secs(10))
-                    .unwrap()
-                    .1,
-            )
+            let end = wait_for(
+                &format!("the end offset of {topic}[{p}]"),
+                Duration::from_secs(60),
+                || c.fetch_watermarks(topic, p, Duration::from_secs(5)).ok(),
+            );
+            (p, end.1)
         })
         .collect()
 }
