@@ -51,7 +51,7 @@ test-e2e: up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --tests
 
 test: lint up
-	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets
+	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
 # Worker figures on this machine: RECORDS/KEYS/PARTITIONS override the defaults.
 bench-worker: up
