@@ -78,7 +78,7 @@ fn spawn(
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--memory-mib",
-            "256",
+            &std::env::var("BENCH_MEMORY_MIB").unwrap_or_else(|_| "256".into()),
         ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -165,10 +165,14 @@ fn consumer_config(app: &App, restore: bool) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
         .set("enable.partition.eof", "false");
+    // Prefetch is per partition (librdkafka's defaults allow 100 000 records or 64 MiB
+    // each): bounded, memory goes to RocksDB's budget, not to records in a queue.
+    c.set("queued.max.messages.kbytes", "4096")
+        .set("queued.min.messages", "20000");
     if restore {
         // Restore reads whole logs: big fetches.
-        c.set("fetch.max.bytes", "104857600")
-            .set("max.partition.fetch.bytes", "16777216");
+        c.set("fetch.max.bytes", "33554432")
+            .set("max.partition.fetch.bytes", "8388608");
     }
     if app.guarantee == ProcessingGuarantee::ExactlyOnce {
         c.set("isolation.level", "read_committed");
