@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 need go "install Go (https://go.dev) or the golang-go Debian package"
 
 bin="$OXBOW_CACHE/etcd/$ETCD_VERSION/bin"
-if [[ -x "$bin/etcd" ]] && "$bin/etcd" --version 2>/dev/null | grep -q "${ETCD_VERSION#v}"; then
+if [[ -x "$bin/etcd" ]] && grep -q "${ETCD_VERSION#v}" <<<"$("$bin/etcd" --version 2>/dev/null)"; then
   exit 0
 fi
 src="$OXBOW_CACHE/etcd/$ETCD_VERSION/module"

@@ -14,7 +14,9 @@ have_all() {
   for c in "${cmds[@]}"; do
     [[ -x "$bin/$c" ]] || return 1
   done
-  "$bin/kubectl" version --client 2>/dev/null | grep -q "$K8S_VERSION"
+  # Not `kubectl … | grep -q`: under pipefail, grep exiting at the first match can
+  # SIGPIPE kubectl and turn a hit into a miss, which rebuilt Kubernetes at random.
+  grep -q "$K8S_VERSION" <<<"$("$bin/kubectl" version --client 2>/dev/null)"
 }
 if have_all; then exit 0; fi
 

@@ -16,5 +16,5 @@ mvn -B -q -Dstyle.color=never -f "$(dirname "$0")/kafka/pom.xml" \
   -Dkafka.version="$KAFKA_VERSION" \
   dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs" \
   || die "Maven could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION and its dependencies"
-ls "$libs" | grep -q "^kafka_2.13-$KAFKA_VERSION.jar$" || die "kafka_2.13-$KAFKA_VERSION.jar missing after resolution"
+[[ -f "$libs/kafka_2.13-$KAFKA_VERSION.jar" ]] || die "kafka_2.13-$KAFKA_VERSION.jar missing after resolution"
 touch "$libs/.complete"

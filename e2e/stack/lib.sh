@@ -70,7 +70,7 @@ running() {
     kafka) want=kafka.Kafka ;;
     *) want=$1 ;;
   esac
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$want"
+  grep -q -- "$want" <<<"$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
 }
 
 # start NAME CMD... — run CMD detached in its own session, logging to $LOGS/NAME.log.

@@ -29,4 +29,4 @@ if ((${#missing[@]})); then
 fi
 need cargo "install Rust with rustup (https://rustup.rs)"
 need go "install Go 1.24 or newer"
-java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || die "Java 17 or newer is required (found: $(java -version 2>&1 | head -1))"
+grep -qE 'version "(1[7-9]|2[0-9])' <<<"$(java -version 2>&1)" || die "Java 17 or newer is required (found: $(java -version 2>&1 | head -1))"
