@@ -256,21 +256,7 @@ impl Processor for Dedupe {
         let id = self.id.key(ctx.env(), &input(&r))?;
         let key = [b"k".as_slice(), id.as_bytes()].concat();
         let seen = ctx.get(&self.store, &key)?.as_deref().and_then(be_i64);
-        // Stream time lives in the store (an aborted record cannot move it, a restart
-        // finds it again).
-        let prev = ctx
-            .get(&self.store, STREAM_TIME)?
-            .as_deref()
-            .and_then(be_i64)
-            .unwrap_or(self.stream_time);
-        self.stream_time = prev.max(r.timestamp);
-        if self.stream_time != prev {
-            ctx.put(
-                &self.store,
-                STREAM_TIME,
-                self.stream_time.to_be_bytes().to_vec(),
-            );
-        }
+        self.stream_time = advance_stream_time(ctx, &self.store, r.timestamp, self.stream_time)?;
         // Forget ids that fell out of the window: the store stays bounded.
         while let Some((at, old)) = self.expiry.first().cloned() {
             if at >= self.stream_time {
@@ -528,6 +514,27 @@ struct Aggregate {
 }
 
 const STREAM_TIME: &[u8] = b"m:stream-time";
+
+/// Moves a step's stream time (the largest event time it has seen) to `ts` if later and
+/// returns it. It lives in the step's store, so an aborted record cannot move it and a
+/// restore finds it again; `fallback` serves state written before it was stored.
+fn advance_stream_time(
+    ctx: &mut Context<'_>,
+    store: &StoreName,
+    ts: i64,
+    fallback: i64,
+) -> Result<i64, StepError> {
+    let prev = ctx
+        .get(store, STREAM_TIME)?
+        .as_deref()
+        .and_then(be_i64)
+        .unwrap_or(fallback);
+    let now = prev.max(ts);
+    if now != prev {
+        ctx.put(store, STREAM_TIME, now.to_be_bytes().to_vec());
+    }
+    Ok(now)
+}
 
 impl Aggregate {
     fn compile(p: &str, name: String, a: &AggregateStep) -> Result<Self, CompileError> {
@@ -794,16 +801,7 @@ impl Processor for Aggregate {
             self.save(ctx, &group, &s);
             return Ok(());
         };
-        // Stream time lives in the store, so an aborted record cannot move it.
-        let prev = ctx
-            .get(&self.store, STREAM_TIME)?
-            .as_deref()
-            .and_then(be_i64)
-            .unwrap_or(i64::MIN);
-        let stream_time = prev.max(r.timestamp);
-        if stream_time != prev {
-            ctx.put(&self.store, STREAM_TIME, stream_time.to_be_bytes().to_vec());
-        }
+        let stream_time = advance_stream_time(ctx, &self.store, r.timestamp, i64::MIN)?;
         self.advance(ctx, stream_time, out)?;
         let mut s = self.load(ctx, &group)?;
         let mut touched: Vec<usize> = Vec::new();

@@ -149,6 +149,14 @@ impl TaskDb {
         })
     }
 
+    fn read_error(&self, store: &StoreName, source: rocksdb::Error) -> StoreError {
+        StoreError::Read {
+            task: self.task,
+            store: store.0.clone(),
+            source,
+        }
+    }
+
     pub fn stores(&self) -> &[StoreName] {
         &self.stores
     }
@@ -170,11 +178,7 @@ impl TaskDb {
     pub fn get(&self, store: &StoreName, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.db
             .get_cf(self.cf(store)?, key)
-            .map_err(|source| StoreError::Read {
-                task: self.task,
-                store: store.0.clone(),
-                source,
-            })
+            .map_err(|source| self.read_error(store, source))
     }
 
     pub fn scan(
@@ -186,11 +190,7 @@ impl TaskDb {
             .db
             .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start)
         {
-            let (k, v) = item.map_err(|source| StoreError::Read {
-                task: self.task,
-                store: store.0.clone(),
-                source,
-            })?;
+            let (k, v) = item.map_err(|source| self.read_error(store, source))?;
             f(&k, &v)?;
         }
         Ok(())
@@ -203,11 +203,7 @@ impl TaskDb {
         match it.next() {
             None => Ok(true),
             Some(Ok(_)) => Ok(false),
-            Some(Err(source)) => Err(StoreError::Read {
-                task: self.task,
-                store: store.0.clone(),
-                source,
-            }),
+            Some(Err(source)) => Err(self.read_error(store, source)),
         }
     }
 
@@ -360,11 +356,7 @@ impl TaskDb {
             .db
             .iterator_cf(self.cf(store)?, rocksdb::IteratorMode::Start)
         {
-            let (k, v) = item.map_err(|source| StoreError::Read {
-                task: self.task,
-                store: store.0.clone(),
-                source,
-            })?;
+            let (k, v) = item.map_err(|source| self.read_error(store, source))?;
             feed(&k);
             feed(&v);
         }
