@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::json;
 use support::*;
 
@@ -56,10 +54,7 @@ spec:
         bootstrap = bootstrap()
     );
     let dir = scratch_dir(&app);
-    let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
-    w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(60));
-    w.stop();
+    WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
 
     let out = read_all(&format!("{app}-out"), "read_committed");
     assert_eq!(out.len(), 12, "6 windows each for good1 and good2: {out:?}");

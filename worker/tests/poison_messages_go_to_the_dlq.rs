@@ -6,7 +6,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use serde_json::json;
 use support::*;
@@ -51,10 +50,7 @@ spec:
         bootstrap = bootstrap()
     );
     let dir = scratch_dir(&app);
-    let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
-    w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(120));
-    w.stop();
+    WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
 
     let out = read_all(&format!("{app}-out"), "read_committed");
     assert_eq!(

@@ -93,14 +93,7 @@ fn a_record_whose_map_failed_is_processed_exactly_once_after_the_fault_is_fixed(
     assert_eq!(code, 503, "a failed task makes the worker unready: {body}");
     w.stop();
 
-    let mut w = WorkerBuilder::new(manifest(&app, "fail", FIXED), &state).spawn();
-    w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(
-        &format!("{app}-in"),
-        &end_offsets(&format!("{app}-in")),
-        Duration::from_secs(60),
-    );
-    w.stop();
+    WorkerBuilder::new(manifest(&app, "fail", FIXED), &state).process_all(&format!("{app}-in"));
 
     let want: Vec<String> = {
         let mut v: Vec<String> = (0..20).map(|i| format!("tx-{i}")).collect();
@@ -121,15 +114,8 @@ fn a_permanently_failing_record_is_dead_lettered_and_leaves_no_dedupe_mark() {
     create_topic(&format!("{app}-out"), 2);
     inputs(&app);
     let dir = scratch_dir(&app);
-    let mut w =
-        WorkerBuilder::new(manifest(&app, "deadLetter", FAULTY), &dir.join("state")).spawn();
-    w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(
-        &format!("{app}-in"),
-        &end_offsets(&format!("{app}-in")),
-        Duration::from_secs(60),
-    );
-    w.stop();
+    WorkerBuilder::new(manifest(&app, "deadLetter", FAULTY), &dir.join("state"))
+        .process_all(&format!("{app}-in"));
 
     let want: Vec<String> = {
         let mut v: Vec<String> = (0..20)

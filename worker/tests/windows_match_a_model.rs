@@ -8,7 +8,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde_json::json;
 use support::*;
@@ -126,10 +125,7 @@ spec:
         bootstrap = bootstrap()
     );
     let dir = scratch_dir(&app);
-    let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
-    w.wait_ready(Duration::from_secs(60));
-    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(60));
-    w.stop();
+    WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
     let mut got = BTreeMap::new();
     for o in read_all(&format!("{app}-out"), "read_committed") {
         let v = o.json();

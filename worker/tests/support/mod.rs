@@ -289,6 +289,15 @@ impl WorkerBuilder {
         }
     }
 
+    /// Runs a worker until it has committed everything now in `input`, then stops it
+    /// with SIGTERM (asserting a clean exit).
+    pub fn process_all(&self, input: &str) {
+        let mut w = self.spawn();
+        w.wait_ready(Duration::from_secs(90));
+        w.wait_committed(input, &end_offsets(input), Duration::from_secs(120));
+        w.stop();
+    }
+
     pub fn spawn(&self) -> Worker {
         let dir = self
             .state_dir
