@@ -58,12 +58,21 @@ pub struct TaskPlacement {
     pub standbys: Vec<String>,
 }
 
+/// The key of the assignment ConfigMap (`<name>-assignment`) holding the JSON of
+/// [`Assignment`].
+pub const CONFIG_MAP_KEY: &str = "assignment.json";
+
 /// The published assignment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     /// Grows by one with every change; workers acknowledge the generation they run.
     pub generation: i64,
     pub tasks: BTreeMap<TaskId, TaskPlacement>,
+    /// The worker pods that exist, as the operator saw them when it published. A new
+    /// active starts a task only when no *listed* pod still reports it as active: a pod
+    /// that is gone cannot release what it held, and is not listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +243,7 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
     Assignment {
         generation: if changed { generation + 1 } else { generation },
         tasks,
+        pods: pods.iter().map(|f| f.pod.clone()).collect(),
     }
 }
 

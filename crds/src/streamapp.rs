@@ -602,12 +602,26 @@ pub struct InstanceStatus {
     pub active_tasks: Vec<i32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub standby_tasks: Vec<i32>,
+    /// Changelog records still to restore before the active tasks can run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_remaining: Option<i64>,
+    /// Changelog records restored so far in the current restore (with `restoreTotal`,
+    /// the percentage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_total: Option<i64>,
+    /// Records per second of the current restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_rate: Option<i64>,
+    /// Consumer lag summed over the active tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<i64>,
+    /// Per task held here (active or standby, keyed by task id): changelog records the
+    /// local state is behind. The operator moves an active only to a copy within the
+    /// warm-up bound.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub state_lag: BTreeMap<String, i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

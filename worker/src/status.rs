@@ -4,10 +4,25 @@
 //! rather than serving a half-written status.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
+use oxbow_crds::TaskId;
+use oxbow_crds::assignment::TaskPlacement;
 use serde::Serialize;
+
+use crate::store::TaskDb;
+
+/// What a task is on this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    /// Processes the task's source partitions and owns its output.
+    #[default]
+    Active,
+    /// Applies the task's changelog to a local copy of its state, ready for promotion.
+    Standby,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum TaskState {
@@ -37,6 +52,7 @@ pub struct RestoreProgress {
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatus {
     pub task: u32,
+    pub role: Role,
     pub state: TaskState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreProgress>,
@@ -59,6 +75,7 @@ impl TaskStatus {
     pub fn new(task: u32) -> Self {
         Self {
             task,
+            role: Role::Active,
             state: TaskState::Starting,
             restore: None,
             lag: None,
@@ -87,10 +104,29 @@ pub struct WorkerStatus {
     pub last_error: Option<String>,
 }
 
+/// Where each task lives, for routing queries: from the operator's assignment and the
+/// pods' status entries, or (standalone) from `--peers`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Routing {
+    /// This pod's name (`POD_NAME`), or `instance-N` standalone.
+    pub me: String,
+    /// The source partition count; 0 until known.
+    pub task_count: u32,
+    /// The assignment generation this worker runs.
+    pub generation: i64,
+    pub placements: BTreeMap<TaskId, TaskPlacement>,
+    /// Pod name → `host:port` of its HTTP server.
+    pub addresses: BTreeMap<String, String>,
+}
+
 #[derive(Default)]
 pub struct Shared {
     status: Mutex<WorkerStatus>,
     stop: AtomicBool,
+    /// The open state of every task on this worker (active or standby), for queries.
+    /// Entries appear once a task's store is open and go before it is closed.
+    pub dbs: RwLock<BTreeMap<TaskId, Arc<TaskDb>>>,
+    pub routing: RwLock<Routing>,
 }
 
 impl Shared {
@@ -117,10 +153,22 @@ impl Shared {
     pub fn snapshot(&self) -> Option<WorkerStatus> {
         self.status.lock().ok().map(|s| s.clone())
     }
-    /// Ready: running, with every active task restored and running.
+    /// Ready: running, with every active task restored and running. Standbys do not
+    /// gate readiness: they serve no traffic and catch up in the background.
     pub fn ready(&self) -> bool {
         self.snapshot().is_some_and(|s| {
-            s.state == "Running" && s.tasks.iter().all(|t| t.state == TaskState::Running)
+            s.state == "Running"
+                && s.tasks
+                    .iter()
+                    .filter(|t| t.role == Role::Active)
+                    .all(|t| t.state == TaskState::Running)
         })
+    }
+    /// The open store of a task, if this worker holds it.
+    pub fn db(&self, task: TaskId) -> Option<Arc<TaskDb>> {
+        self.dbs.read().ok()?.get(&task).cloned()
+    }
+    pub fn routing(&self) -> Routing {
+        self.routing.read().map(|r| r.clone()).unwrap_or_default()
     }
 }
