@@ -44,6 +44,10 @@ pub struct PodFacts {
     pub pod: String,
     /// Ready, or not ready for less than the failover timeout: it keeps its tasks.
     pub eligible: bool,
+    /// Going away (its ordinal is at or above `spec.replicas` during a scale-in): it gets
+    /// no new active and no standby, and hands its actives over as soon as a receiving
+    /// pod's copy is warm. It keeps running them until then, so nothing restores cold.
+    pub draining: bool,
     /// Tasks whose state this pod holds (active or standby), with how far its copy is
     /// behind the changelog end (0 = caught up).
     pub state_lag: BTreeMap<TaskId, i64>,
@@ -65,7 +69,8 @@ pub const CONFIG_MAP_KEY: &str = "assignment.json";
 /// The published assignment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
-    /// Grows by one with every change; workers acknowledge the generation they run.
+    /// Grows by one with every change (of `tasks` or `pods`); workers acknowledge the
+    /// generation they run.
     pub generation: i64,
     pub tasks: BTreeMap<TaskId, TaskPlacement>,
     /// The worker pods that exist, as the operator saw them when it published. A new
@@ -73,6 +78,13 @@ pub struct Assignment {
     /// that is gone cannot release what it held, and is not listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+}
+
+impl Assignment {
+    /// The pods running at least one active task.
+    pub fn active_pods(&self) -> std::collections::BTreeSet<&str> {
+        self.tasks.values().map(|t| t.active.as_str()).collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,14 +99,25 @@ pub struct Params {
 /// deterministic; fed back with unchanged facts it settles within a few rounds and then
 /// returns itself with the same generation (no flapping).
 ///
-/// - **Failover**: a task whose active pod is not eligible moves at once to the eligible
-///   pod with the freshest copy of its state (lowest lag), else the least loaded.
+/// - **Failover**: a task whose active pod is not eligible moves at once to the
+///   non-draining eligible pod with the freshest copy of its state (lowest lag), else
+///   the least loaded.
 /// - **Sticky**: otherwise a task stays on its active pod.
+/// - **Drain**: a task on a draining pod moves to a non-draining pod (the freshest copy,
+///   preferring its standbys, else the least loaded) once that pod's copy is warm; until
+///   then the receiver holds it as a warming standby and the draining pod keeps running
+///   it. Draining pods get nothing new. When every eligible pod drains, they keep what
+///   they have: someone has to run the tasks.
 /// - **Balance with warm-up**: a pod with more than its share of actives gives tasks to
 ///   pods with less, but a task moves only once the receiving pod's copy is within
 ///   `warmup_max_lag`; until then the receiver holds it as a (warming) standby.
-/// - **Standbys**: `standby_replicas` per task on distinct eligible pods other than the
-///   active, kept where they are when possible, otherwise on the least loaded pods.
+/// - **Warm**: a receiver is warm when its copy is within `warmup_max_lag`, or when the
+///   giving pod reports no copy of the task at all (it has nothing to lose: the task
+///   restores from the changelog wherever it runs, e.g. a worker that does not report
+///   state).
+/// - **Standbys**: `standby_replicas` per task on distinct eligible non-draining pods
+///   other than the active, kept where they are when possible, otherwise on the pods
+///   with the freshest copy, then the least loaded.
 pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignment {
     let eligible: Vec<&PodFacts> = pods.iter().filter(|f| f.eligible).collect();
     let generation = prev.map_or(0, |a| a.generation);
@@ -102,34 +125,49 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         // Nobody can run anything: keep the last word rather than publish an empty one.
         return prev.cloned().unwrap_or_default();
     }
+    // Where tasks may go: the eligible pods that stay. If every eligible pod drains,
+    // they are all targets, because the tasks must run somewhere.
+    let staying: Vec<&PodFacts> = eligible.iter().copied().filter(|f| !f.draining).collect();
+    let targets = if staying.is_empty() {
+        eligible.clone()
+    } else {
+        staying
+    };
     let is_eligible = |pod: &str| eligible.iter().any(|f| f.pod == pod);
+    let is_target = |pod: &str| targets.iter().any(|f| f.pod == pod);
     let lag_on = |pod: &str, t: TaskId| {
         eligible
             .iter()
             .find(|f| f.pod == pod)
             .and_then(|f| f.state_lag.get(&t).copied())
     };
-    let n = eligible.len();
+    // May `receiver` take task `t` over from `giver` without a cold restore?
+    let warm = |giver: &str, receiver: &str, t: TaskId| {
+        lag_on(giver, t).is_none() || lag_on(receiver, t).is_some_and(|l| l <= p.warmup_max_lag)
+    };
+    let prev_of = |t: TaskId| prev.and_then(|a| a.tasks.get(&t));
 
-    // 1. Actives: sticky, with failover.
+    // 1. Actives: sticky, with failover; draining pods keep theirs for now.
     let mut active: BTreeMap<TaskId, String> = BTreeMap::new();
-    let mut load: BTreeMap<String, usize> = eligible.iter().map(|f| (f.pod.clone(), 0)).collect();
+    let mut load: BTreeMap<String, usize> = targets.iter().map(|f| (f.pod.clone(), 0)).collect();
     let mut orphans = Vec::new();
+    let mut draining = Vec::new();
     for t in (0..p.tasks).map(TaskId) {
-        match prev
-            .and_then(|a| a.tasks.get(&t))
-            .map(|tp| tp.active.clone())
-        {
-            Some(pod) if is_eligible(&pod) => {
+        match prev_of(t).map(|tp| tp.active.clone()) {
+            Some(pod) if is_target(&pod) => {
                 *load.entry(pod.clone()).or_default() += 1;
                 active.insert(t, pod);
+            }
+            Some(pod) if is_eligible(&pod) => {
+                active.insert(t, pod);
+                draining.push(t);
             }
             _ => orphans.push(t),
         }
     }
     for t in orphans {
         // Freshest state first, then the least loaded, then the name (determinism).
-        let best = eligible
+        let best = targets
             .iter()
             .min_by_key(|f| {
                 (
@@ -144,9 +182,38 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         active.insert(t, best);
     }
 
-    // 2. Balance: the most loaded pod hands a task to the least loaded one while they
-    //    differ by more than one, but the task moves only once the receiver is warm.
+    // 2. Drain: each task of a draining pod goes to the staying pod with the freshest
+    //    copy (its standbys first among equals, then the least loaded), once warm.
     let mut warming: BTreeMap<TaskId, String> = BTreeMap::new();
+    for t in draining {
+        let giver = active.get(&t).cloned().unwrap_or_default();
+        let standbys = prev_of(t).map(|tp| tp.standbys.clone()).unwrap_or_default();
+        let Some(receiver) = targets
+            .iter()
+            .min_by_key(|f| {
+                (
+                    f.state_lag.get(&t).copied().unwrap_or(i64::MAX),
+                    !standbys.contains(&f.pod),
+                    load.get(&f.pod).copied().unwrap_or(0),
+                    f.pod.clone(),
+                )
+            })
+            .map(|f| f.pod.clone())
+        else {
+            continue;
+        };
+        // The receiver's load counts the task from now on, warm or not, so balancing
+        // below sees the picture after the drain.
+        *load.entry(receiver.clone()).or_default() += 1;
+        if warm(&giver, &receiver, t) {
+            active.insert(t, receiver);
+        } else {
+            warming.insert(t, receiver);
+        }
+    }
+
+    // 3. Balance: the most loaded pod hands a task to the least loaded one while they
+    //    differ by more than one, but the task moves only once the receiver is warm.
     while let Some((over, over_load)) = load
         .iter()
         .max_by_key(|(pod, l)| (**l, std::cmp::Reverse((*pod).clone())))
@@ -169,7 +236,7 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
             .min_by_key(|(t, _)| (lag_on(&under, **t).unwrap_or(i64::MAX), **t))
             .map(|(t, _)| *t);
         let Some(t) = candidate else { break };
-        if lag_on(&under, t).is_some_and(|l| l <= p.warmup_max_lag) {
+        if warm(&over, &under, t) {
             active.insert(t, under.clone());
         } else {
             warming.insert(t, under.clone());
@@ -178,41 +245,37 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         *load.entry(over).or_default() -= 1;
         *load.entry(under).or_default() += 1;
     }
-    // 3. Standbys.
+
+    // 4. Standbys, on staying pods only.
     let mut standby_load: BTreeMap<String, usize> =
-        eligible.iter().map(|f| (f.pod.clone(), 0)).collect();
+        targets.iter().map(|f| (f.pod.clone(), 0)).collect();
     let mut tasks = BTreeMap::new();
     for t in (0..p.tasks).map(TaskId) {
         let act = active.get(&t).cloned().unwrap_or_default();
+        let room = targets.len() - usize::from(is_target(&act));
         let mut standbys: Vec<String> = Vec::new();
         if let Some(w) = warming.get(&t)
             && *w != act
         {
             standbys.push(w.clone());
         }
-        let want = (p.standby_replicas as usize).min(n - 1).max(standbys.len());
-        for s in prev
-            .and_then(|a| a.tasks.get(&t))
-            .map(|tp| tp.standbys.clone())
-            .unwrap_or_default()
-        {
-            if standbys.len() < want && s != act && is_eligible(&s) && !standbys.contains(&s) {
+        let want = (p.standby_replicas as usize).min(room).max(standbys.len());
+        let keep = |s: &String, standbys: &Vec<String>| {
+            standbys.len() < want && *s != act && is_target(s) && !standbys.contains(s)
+        };
+        for s in prev_of(t).map(|tp| tp.standbys.clone()).unwrap_or_default() {
+            if keep(&s, &standbys) {
                 standbys.push(s);
             }
         }
         // A previous active that lost the task keeps its state warm as a standby.
-        if let Some(old) = prev
-            .and_then(|a| a.tasks.get(&t))
-            .map(|tp| tp.active.clone())
-            && standbys.len() < want
-            && old != act
-            && is_eligible(&old)
-            && !standbys.contains(&old)
+        if let Some(old) = prev_of(t).map(|tp| tp.active.clone())
+            && keep(&old, &standbys)
         {
             standbys.push(old);
         }
         while standbys.len() < want {
-            let pick = eligible
+            let pick = targets
                 .iter()
                 .filter(|f| f.pod != act && !standbys.contains(&f.pod))
                 .min_by_key(|f| {
@@ -239,11 +302,12 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
             },
         );
     }
-    let changed = prev.is_none_or(|a| a.tasks != tasks);
+    let pod_names: Vec<String> = pods.iter().map(|f| f.pod.clone()).collect();
+    let changed = prev.is_none_or(|a| a.tasks != tasks || a.pods != pod_names);
     Assignment {
         generation: if changed { generation + 1 } else { generation },
         tasks,
-        pods: pods.iter().map(|f| f.pod.clone()).collect(),
+        pods: pod_names,
     }
 }
 
@@ -290,6 +354,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..count {
             let eligible = rng.below(5) != 0;
+            let draining = rng.below(4) == 0;
             let mut state_lag = BTreeMap::new();
             for t in 0..tasks {
                 if rng.below(3) == 0 {
@@ -299,32 +364,59 @@ mod tests {
             out.push(PodFacts {
                 pod: format!("app-{i}"),
                 eligible,
+                draining,
                 state_lag,
             });
         }
         out
     }
 
+    fn facts_of<'a>(pods: &'a [PodFacts], pod: &str) -> Option<&'a PodFacts> {
+        pods.iter().find(|f| f.pod == pod)
+    }
+
     fn check(a: &Assignment, pods: &[PodFacts], p: Params) {
-        let eligible: Vec<&str> = pods
-            .iter()
-            .filter(|f| f.eligible)
-            .map(|f| f.pod.as_str())
-            .collect();
+        let eligible: Vec<&PodFacts> = pods.iter().filter(|f| f.eligible).collect();
         if eligible.is_empty() {
             return;
         }
+        let staying: Vec<&str> = eligible
+            .iter()
+            .filter(|f| !f.draining)
+            .map(|f| f.pod.as_str())
+            .collect();
+        // Where tasks may go: the staying pods, or every eligible pod when all drain.
+        let targets: Vec<&str> = if staying.is_empty() {
+            eligible.iter().map(|f| f.pod.as_str()).collect()
+        } else {
+            staying.clone()
+        };
+        let lag = |pod: &str, t: &TaskId| facts_of(pods, pod).and_then(|f| f.state_lag.get(t));
         assert_eq!(
             a.tasks.len(),
             p.tasks as usize,
             "every task is placed: {a:?}"
         );
         for (t, tp) in &a.tasks {
+            let act = facts_of(pods, &tp.active);
             assert!(
-                eligible.contains(&tp.active.as_str()),
+                act.is_some_and(|f| f.eligible),
                 "task {t}: active {} is not eligible",
                 tp.active
             );
+            if !targets.contains(&tp.active.as_str()) {
+                // A draining active only while a staying pod warms up to take it over.
+                let warming = tp.standbys.iter().any(|s| {
+                    staying.contains(&s.as_str())
+                        && lag(&tp.active, t).is_some()
+                        && lag(s, t).is_none_or(|l| *l > p.warmup_max_lag)
+                });
+                assert!(
+                    warming,
+                    "task {t}: active {} drains but no staying pod warms up for it: {tp:?}",
+                    tp.active
+                );
+            }
             assert!(
                 !tp.standbys.contains(&tp.active),
                 "task {t}: a standby on the active's pod"
@@ -338,16 +430,25 @@ mod tests {
                 "task {t}: standbys on distinct pods"
             );
             assert!(
-                tp.standbys.iter().all(|s| eligible.contains(&s.as_str())),
-                "task {t}: standby not eligible"
+                tp.standbys.iter().all(|s| targets.contains(&s.as_str())),
+                "task {t}: a standby on a pod that is not eligible or drains: {tp:?}"
             );
-            let want = (p.standby_replicas as usize).min(eligible.len() - 1);
+            let room = targets.iter().filter(|p| **p != tp.active).count();
+            let want = (p.standby_replicas as usize).min(room);
             assert!(
                 tp.standbys.len() >= want,
                 "task {t}: {} standbys, want {want}",
                 tp.standbys.len()
             );
         }
+        let mut listed = a.pods.clone();
+        listed.sort();
+        let mut existing: Vec<String> = pods.iter().map(|f| f.pod.clone()).collect();
+        existing.sort();
+        assert_eq!(
+            listed, existing,
+            "the pods list names every pod that exists"
+        );
     }
 
     #[test]
@@ -362,6 +463,7 @@ mod tests {
             let n = 1 + rng.below(6) as usize;
             let before = pods(&mut rng, n, p.tasks);
             let prev = next(None, &before, p);
+            check(&prev, &before, p);
             let n = 1 + rng.below(6) as usize;
             let after = pods(&mut rng, n, p.tasks);
             let a = next(Some(&prev), &after, p);
@@ -397,13 +499,44 @@ mod tests {
             .map(|n| PodFacts {
                 pod: n.to_string(),
                 eligible: true,
-                state_lag: BTreeMap::new(),
+                ..Default::default()
             })
             .collect()
     }
 
+    /// Every pod reports its actives as caught up and its standbys at `standby_lag`.
+    fn report(a: &Assignment, facts: &mut [PodFacts], standby_lag: i64) {
+        for f in facts.iter_mut() {
+            f.state_lag.clear();
+        }
+        for (t, tp) in &a.tasks {
+            for f in facts.iter_mut() {
+                if f.pod == tp.active {
+                    f.state_lag.insert(*t, 0);
+                } else if tp.standbys.contains(&f.pod) {
+                    f.state_lag.insert(*t, standby_lag);
+                }
+            }
+        }
+    }
+
+    fn settle(mut a: Assignment, facts: &[PodFacts], p: Params) -> Assignment {
+        for _ in 0..8 {
+            let b = next(Some(&a), facts, p);
+            if b == a {
+                return a;
+            }
+            a = b;
+        }
+        panic!("no fixed point: {a:?}");
+    }
+
     fn actives(a: &Assignment) -> Vec<String> {
         a.tasks.values().map(|t| t.active.clone()).collect()
+    }
+
+    fn count(a: &Assignment, pod: &str) -> usize {
+        a.tasks.values().filter(|t| t.active == pod).count()
     }
 
     #[test]
@@ -414,27 +547,14 @@ mod tests {
             warmup_max_lag: 0,
         };
         let a = next(None, &up(&["a", "b", "c"]), p);
-        let counts =
-            |a: &Assignment, pod: &str| a.tasks.values().filter(|t| t.active == pod).count();
         assert_eq!(
-            (counts(&a, "a"), counts(&a, "b"), counts(&a, "c")),
+            (count(&a, "a"), count(&a, "b"), count(&a, "c")),
             (2, 2, 2),
             "balanced: {a:?}"
         );
-        let mut facts = up(&["a", "b"]);
-        facts.push(PodFacts {
-            pod: "c".into(),
-            eligible: false,
-            state_lag: BTreeMap::new(),
-        });
-        // Each of c's tasks has a standby somewhere; that pod reports its copy as fresh.
-        for (t, tp) in &a.tasks {
-            for s in &tp.standbys {
-                if let Some(f) = facts.iter_mut().find(|f| &f.pod == s) {
-                    f.state_lag.insert(*t, 0);
-                }
-            }
-        }
+        let mut facts = up(&["a", "b", "c"]);
+        report(&a, &mut facts, 0);
+        facts[2].eligible = false;
         let b = next(Some(&a), &facts, p);
         for (t, tp) in &a.tasks {
             if tp.active != "c" {
@@ -461,6 +581,7 @@ mod tests {
         };
         let a = next(None, &up(&["a", "b"]), p);
         let mut facts = up(&["a", "b", "c"]);
+        report(&a, &mut facts, 0);
         let b = next(Some(&a), &facts, p);
         assert_eq!(
             actives(&b),
@@ -495,6 +616,136 @@ mod tests {
     }
 
     #[test]
+    fn a_task_whose_owner_reports_no_state_moves_without_waiting_for_a_warm_up() {
+        let p = Params {
+            tasks: 4,
+            standby_replicas: 0,
+            warmup_max_lag: 100,
+        };
+        let a = next(None, &up(&["a", "b"]), p);
+        // Nobody reports state (a worker that keeps none, or does not report it): a
+        // restore from the changelog is needed wherever the task runs.
+        let b = settle(
+            next(Some(&a), &up(&["a", "b", "c"]), p),
+            &up(&["a", "b", "c"]),
+            p,
+        );
+        assert_eq!(count(&b, "c"), 1, "c took its share at once: {b:?}");
+        assert_eq!(count(&b, "a") + count(&b, "b"), 3, "{b:?}");
+    }
+
+    #[test]
+    fn scaling_in_from_four_to_two_warms_up_then_empties_the_draining_pods() {
+        let p = Params {
+            tasks: 8,
+            standby_replicas: 1,
+            warmup_max_lag: 100,
+        };
+        let names = ["app-0", "app-1", "app-2", "app-3"];
+        let mut facts = up(&names);
+        let a = settle(next(None, &facts, p), &facts, p);
+        for pod in names {
+            assert_eq!(count(&a, pod), 2, "balanced before: {a:?}");
+        }
+        // Standbys are cold (lag 5000) when the scale-in starts.
+        report(&a, &mut facts, 5000);
+        facts[2].draining = true;
+        facts[3].draining = true;
+        let b = next(Some(&a), &facts, p);
+        check(&b, &facts, p);
+        assert_eq!(actives(&b), actives(&a), "no active moves to a cold copy");
+        for (t, tp) in &b.tasks {
+            assert!(
+                tp.standbys.iter().all(|s| s == "app-0" || s == "app-1"),
+                "task {t}: draining pods get no standby: {tp:?}"
+            );
+        }
+        assert_eq!(
+            b.tasks
+                .iter()
+                .filter(|(_, tp)| tp.active == "app-2" || tp.active == "app-3")
+                .count(),
+            4,
+            "the draining pods keep running their tasks during the warm-up"
+        );
+        // Settled while cold: nothing moves until the copies catch up.
+        let b = settle(b, &facts, p);
+        assert_eq!(actives(&b), actives(&a));
+
+        // The warming standbys catch up.
+        for (t, tp) in &b.tasks {
+            for s in &tp.standbys {
+                if let Some(f) = facts.iter_mut().find(|f| &f.pod == s) {
+                    f.state_lag.insert(*t, 0);
+                }
+            }
+        }
+        let c = settle(next(Some(&b), &facts, p), &facts, p);
+        check(&c, &facts, p);
+        for pod in ["app-2", "app-3"] {
+            assert_eq!(count(&c, pod), 0, "{pod} runs nothing: {c:?}");
+            assert!(
+                c.tasks
+                    .values()
+                    .all(|tp| !tp.standbys.iter().any(|s| s == pod)),
+                "{pod} holds no standby: {c:?}"
+            );
+        }
+        assert_eq!((count(&c, "app-0"), count(&c, "app-1")), (4, 4), "{c:?}");
+        for (t, tp) in &a.tasks {
+            if tp.active == "app-0" || tp.active == "app-1" {
+                assert_eq!(
+                    c.tasks[t].active, tp.active,
+                    "task {t} was on a staying pod and stays"
+                );
+            }
+        }
+        assert!(c.generation > b.generation && b.generation > a.generation);
+        assert!(
+            c.active_pods()
+                .iter()
+                .all(|p| *p == "app-0" || *p == "app-1")
+        );
+    }
+
+    #[test]
+    fn tasks_on_pods_that_stay_never_move_when_others_fail_or_drain() {
+        let mut rng = Rng(0x2545f4914f6cdd1d);
+        for _ in 0..500 {
+            let p = Params {
+                tasks: 1 + rng.below(24) as u32,
+                standby_replicas: rng.below(3) as u32,
+                warmup_max_lag: 100,
+            };
+            let n = 2 + rng.below(5) as usize;
+            let names: Vec<String> = (0..n).map(|i| format!("app-{i}")).collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let mut facts = up(&refs);
+            let a = settle(next(None, &facts, p), &facts, p);
+            // Each pod knows only its own actives; some pods fail, some drain, one stays.
+            report(&a, &mut facts, i64::MAX);
+            for f in facts.iter_mut().skip(1) {
+                match rng.below(3) {
+                    0 => f.eligible = false,
+                    1 => f.draining = true,
+                    _ => {}
+                }
+            }
+            let b = settle(next(Some(&a), &facts, p), &facts, p);
+            check(&b, &facts, p);
+            for (t, tp) in &a.tasks {
+                let stays = facts_of(&facts, &tp.active).is_some_and(|f| f.eligible && !f.draining);
+                if stays {
+                    assert_eq!(
+                        b.tasks[t].active, tp.active,
+                        "task {t} was on a pod that stays and must not move: {a:?} -> {b:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn with_no_eligible_pod_the_last_assignment_stands() {
         let p = Params {
             tasks: 2,
@@ -504,9 +755,64 @@ mod tests {
         let a = next(None, &up(&["a"]), p);
         let down = vec![PodFacts {
             pod: "a".into(),
-            eligible: false,
-            state_lag: BTreeMap::new(),
+            ..Default::default()
         }];
         assert_eq!(next(Some(&a), &down, p), a);
+    }
+
+    #[test]
+    fn when_every_pod_drains_they_keep_their_tasks() {
+        let p = Params {
+            tasks: 3,
+            standby_replicas: 1,
+            warmup_max_lag: 0,
+        };
+        let a = next(None, &up(&["a", "b"]), p);
+        let mut facts = up(&["a", "b"]);
+        for f in &mut facts {
+            f.draining = true;
+        }
+        let b = next(Some(&a), &facts, p);
+        assert_eq!(actives(&b), actives(&a), "nowhere else to run them");
+    }
+
+    #[test]
+    fn a_new_pod_list_is_a_new_generation() {
+        let p = Params {
+            tasks: 2,
+            standby_replicas: 0,
+            warmup_max_lag: 0,
+        };
+        let mut facts = up(&["a"]);
+        let a = next(None, &facts, p);
+        facts.push(PodFacts {
+            pod: "b".into(),
+            ..Default::default()
+        });
+        let b = next(Some(&a), &facts, p);
+        assert_eq!(b.tasks, a.tasks, "a pod that is not eligible gets nothing");
+        assert_eq!(b.pods, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(
+            b.generation,
+            a.generation + 1,
+            "but workers learn it exists"
+        );
+    }
+
+    #[test]
+    fn the_assignment_round_trips_through_json_with_task_ids_as_keys() {
+        let a = next(
+            None,
+            &up(&["a", "b"]),
+            Params {
+                tasks: 3,
+                standby_replicas: 1,
+                warmup_max_lag: 0,
+            },
+        );
+        let text = serde_json::to_string(&a).expect("serializes");
+        assert!(text.contains("\"0\":{\"active\":"), "{text}");
+        let back: Assignment = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, a);
     }
 }
