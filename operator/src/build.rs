@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::{Resource, ResourceExt};
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
 use oxbow_crds::{Retention, StreamApp};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -26,6 +27,9 @@ pub const KAFKA_SECRET_MOUNT: &str = "/etc/oxbow/kafka-secret";
 pub const CONFIG_HASH_ANNOTATION: &str = "oxbow.dev/config-hash";
 /// Label on every child; `prune` finds leftovers by it.
 pub const APP_LABEL: &str = "oxbow.dev/streamapp";
+/// Tells a worker to run the tasks the operator assigns in this ConfigMap (coordinated
+/// mode) instead of computing its share itself (standalone mode).
+pub const ASSIGNMENT_ENV: &str = "OXBOW_ASSIGNMENT_CONFIGMAP";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -123,8 +127,9 @@ fn convert<T: serde::de::DeserializeOwned>(kind: &'static str, v: Value) -> Resu
     serde_json::from_value(v).map_err(|source| BuildError::Convert { kind, source })
 }
 
-pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError> {
-    let name = app.name_any();
+/// The metadata of every child: its name, the namespace, the labels and the controller
+/// owner reference (so Kubernetes collects it with the StreamApp).
+fn child_meta(app: &StreamApp) -> Result<impl Fn(String) -> Value, BuildError> {
     let ns = app
         .namespace()
         .ok_or(BuildError::MissingMetadata("namespace"))?;
@@ -136,7 +141,38 @@ pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError>
         source,
     })?;
     let labels = labels(app);
-    let meta = |obj_name: String| json!({"name": obj_name, "namespace": ns, "labels": labels, "ownerReferences": [owner]});
+    Ok(
+        move |obj_name: String| json!({"name": obj_name, "namespace": ns, "labels": labels, "ownerReferences": [owner]}),
+    )
+}
+
+/// The assignment ConfigMap (`<name>-assignment`): the JSON of the assignment under
+/// [`CONFIG_MAP_KEY`]. The workers watch it.
+pub fn assignment_config_map(app: &StreamApp, a: &Assignment) -> Result<ConfigMap, BuildError> {
+    let meta = child_meta(app)?;
+    let text = serde_json::to_string(a).map_err(|source| BuildError::Convert {
+        kind: "Assignment",
+        source,
+    })?;
+    convert(
+        "ConfigMap",
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(app.assignment_config_map_name()),
+            "data": {CONFIG_MAP_KEY: text},
+        }),
+    )
+}
+
+/// Every child but the assignment ConfigMap. `replicas` is the StatefulSet's size: the
+/// spec's, or more while pods above it still hand their tasks over (see
+/// `placement::stateful_set_replicas`).
+pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Children, BuildError> {
+    let name = app.name_any();
+    let ns = app
+        .namespace()
+        .ok_or(BuildError::MissingMetadata("namespace"))?;
+    let labels = labels(app);
+    let meta = child_meta(app)?;
     let spec = &app.spec;
     let sa_name = app.service_account_name();
 
@@ -208,6 +244,7 @@ pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError>
         json!({"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")}),
         json!({"name": "POD_IP", "valueFrom": field("status.podIP")}),
         json!({"name": "OXBOW_STREAMAPP", "value": name}),
+        json!({"name": ASSIGNMENT_ENV, "value": app.assignment_config_map_name()}),
     ];
     env.extend(
         overrides
@@ -286,7 +323,7 @@ pub fn build(app: &StreamApp, cx: &BuildContext) -> Result<Children, BuildError>
         json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(app.worker_name()),
             "spec": {
-                "replicas": spec.replicas,
+                "replicas": replicas,
                 "serviceName": app.headless_service_name(),
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": selector},
@@ -340,7 +377,11 @@ spec:
     }
 
     fn hash(a: &StreamApp) -> String {
-        let c = build(a, &cx()).expect("builds");
+        hash_at(a, a.spec.replicas)
+    }
+
+    fn hash_at(a: &StreamApp, replicas: i32) -> String {
+        let c = build(a, &cx(), replicas).expect("builds");
         c.stateful_set
             .spec
             .and_then(|s| s.template.metadata)
@@ -360,7 +401,7 @@ spec:
         let a = app(
             "  storage: {size: 5Gi, storageClassName: fast}\n  deletionPolicy: {volumes: Delete}\n",
         );
-        let c = build(&a, &cx()).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
         let sts = serde_json::to_value(&c.stateful_set).expect("json");
         let spec = &sts["spec"];
         assert_eq!(spec["replicas"], 3);
@@ -387,6 +428,13 @@ spec:
             env.contains(&"POD_NAME") && env.contains(&"POD_IP"),
             "{env:?}"
         );
+        let assignment = ctr["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == ASSIGNMENT_ENV)
+            .expect("the workers are told to run coordinated");
+        assert_eq!(assignment["value"], "fraud-assignment");
         assert_eq!(
             spec["template"]["spec"]["serviceAccountName"],
             "fraud-worker"
@@ -432,7 +480,7 @@ spec:
         a.spec.kafka.secret_ref = Some(oxbow_crds::SecretRef {
             name: "kafka-creds".into(),
         });
-        let c = build(&a, &cx()).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
         let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
         assert!(
             t["spec"]["volumes"]
@@ -460,7 +508,7 @@ spec:
 
     #[test]
     fn worker_role_is_limited_to_its_own_objects() {
-        let c = build(&app(""), &cx()).expect("builds");
+        let c = build(&app(""), &cx(), 3).expect("builds");
         let rules = serde_json::to_value(&c.role.rules).expect("json");
         assert_eq!(rules[0]["resourceNames"], json!(["fraud"]));
         assert_eq!(rules[1]["resources"], json!(["streamapps/status"]));
@@ -485,7 +533,7 @@ spec:
         let a = app(
             "  podTemplate:\n    labels: {team: risk}\n    nodeSelector: {disk: ssd}\n    env: [{name: EXTRA, value: x}]\n",
         );
-        let c = build(&a, &cx()).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
         let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
         assert_eq!(t["metadata"]["labels"]["team"], "risk");
         assert_eq!(
@@ -500,5 +548,39 @@ spec:
                 .iter()
                 .any(|e| e["name"] == "EXTRA")
         );
+    }
+
+    #[test]
+    fn the_statefulset_size_is_the_one_passed_in_while_pods_drain() {
+        let a = app("");
+        let c = build(&a, &cx(), 5).expect("builds");
+        assert_eq!(c.stateful_set.spec.and_then(|s| s.replicas), Some(5));
+        assert_eq!(hash(&a), hash_at(&a, 5), "a drain does not roll the pods");
+    }
+
+    #[test]
+    fn the_assignment_configmap_holds_the_json_and_is_owned_like_every_child() {
+        let a = app("");
+        let assignment = oxbow_crds::assignment::next(
+            None,
+            &[oxbow_crds::assignment::PodFacts {
+                pod: "fraud-0".into(),
+                eligible: true,
+                ..Default::default()
+            }],
+            oxbow_crds::assignment::Params {
+                tasks: 2,
+                standby_replicas: 0,
+                warmup_max_lag: 0,
+            },
+        );
+        let cm = assignment_config_map(&a, &assignment).expect("builds");
+        let v = serde_json::to_value(&cm).expect("json");
+        assert_eq!(v["metadata"]["name"], "fraud-assignment");
+        assert_eq!(v["metadata"]["labels"][APP_LABEL], "fraud");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
+        let text = v["data"][CONFIG_MAP_KEY].as_str().expect("data");
+        let back: Assignment = serde_json::from_str(text).expect("an assignment");
+        assert_eq!(back, assignment);
     }
 }

@@ -19,6 +19,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use oxbow_crds::assignment::Params;
 use oxbow_crds::validate::{task_count, validate_spec};
 use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
 use serde::de::DeserializeOwned;
@@ -26,6 +27,7 @@ use serde_json::json;
 
 use crate::build::{self, APP_LABEL, BuildContext, BuildError, Children};
 use crate::metrics::Metrics;
+use crate::placement::{self, PlacementConfig, Plan};
 use crate::status::{self, StatusInput, Verdict, WorkloadFacts};
 use crate::topics::{self, KafkaAdmin, TopicAction, TopicError};
 
@@ -87,6 +89,8 @@ pub struct Context {
     /// How often a Ready app is looked at again. Kafka sends no watch events, so this
     /// bounds how long topic drift or a deleted topic goes unnoticed.
     pub resync: Duration,
+    /// Failover timeout and warm-up bound of task placement.
+    pub placement: PlacementConfig,
     admins: Mutex<HashMap<String, Arc<KafkaAdmin>>>,
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
 }
@@ -97,6 +101,7 @@ impl Context {
         build: BuildContext,
         cleanup_timeout: Duration,
         resync: Duration,
+        placement: PlacementConfig,
         identity: &str,
     ) -> Self {
         let reporter = Reporter {
@@ -110,6 +115,7 @@ impl Context {
             build,
             cleanup_timeout,
             resync,
+            placement,
             admins: Mutex::default(),
             failures: Mutex::default(),
         }
@@ -237,6 +243,7 @@ async fn apply_children(
     app: &StreamApp,
     ns: &str,
     c: &Children,
+    assignment: Option<&ConfigMap>,
     ctx: &Context,
 ) -> Result<(), Error> {
     let client = &ctx.client;
@@ -251,7 +258,12 @@ async fn apply_children(
     ssa(client, ns, &c.client_service).await?;
     // 4. The workload.
     ssa(client, ns, &c.stateful_set).await?;
-    // 5. Disruption budget: only meaningful with more than one worker; removed otherwise.
+    // 5. The task assignment, only when it changed, after the StatefulSet: its pods
+    //    may be new to it, and a scale-in that it completes was sized by it.
+    if let Some(cm) = assignment {
+        ssa(client, ns, cm).await?;
+    }
+    // 6. Disruption budget: only meaningful with more than one worker; removed otherwise.
     if app.spec.replicas > 1 {
         ssa(client, ns, &c.pod_disruption_budget).await?;
     } else {
@@ -369,10 +381,14 @@ async fn reconcile_topics(
     Ok(statuses)
 }
 
-fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>) -> WorkloadFacts {
+/// `sts_replicas`: the size the StatefulSet should have (above `spec.replicas` while
+/// pods drain).
+fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>, sts_replicas: i32) -> WorkloadFacts {
+    let draining = (sts_replicas - app.spec.replicas).max(0);
     let Some(sts) = sts else {
         return WorkloadFacts {
             want_replicas: app.spec.replicas,
+            draining,
             ..Default::default()
         };
     };
@@ -388,7 +404,8 @@ fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>) -> WorkloadFacts {
         replicas: st.replicas,
         ready_replicas: st.ready_replicas.unwrap_or(0),
         updated_replicas: st.updated_replicas.unwrap_or(0),
-        rolled_out: generation_seen && revisions_match && spec_replicas == app.spec.replicas,
+        rolled_out: generation_seen && revisions_match && spec_replicas == sts_replicas,
+        draining,
     }
 }
 
@@ -419,6 +436,20 @@ async fn kafka_secret(
     }))
 }
 
+/// The app's worker pods (by the StatefulSet's selector).
+async fn worker_pods(app: &StreamApp, ctx: &Context) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
+    let lp = ListParams::default().labels(&build::selector_string(app));
+    Ok(api
+        .list(&lp)
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "worker Pods".into(),
+            source,
+        })?
+        .items)
+}
+
 /// Apply: the whole reconciliation of a live StreamApp. Idempotent.
 async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let ns = app.namespace().unwrap_or_default();
@@ -440,6 +471,15 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         None => Ok(BTreeMap::new()),
     };
     let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods = worker_pods(app, ctx).await?;
+    let cm_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
+    let assignment_cm = cm_api
+        .get_opt(&app.assignment_config_map_name())
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: format!("ConfigMap {}", app.assignment_config_map_name()),
+            source,
+        })?;
 
     // --- validate (pure).
     let spec_errors = validate_spec(&app.spec);
@@ -477,15 +517,72 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Verdict::stalled(reason, format!("invalid spec: {msg}"))
     });
 
+    // --- place (pure): who runs which task, and how large the StatefulSet must stay.
+    let previous = app.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let observed: Vec<placement::PodObservation> = pods
+        .iter()
+        .filter_map(|p| placement::observe(&app.worker_name(), p))
+        .collect();
+    let facts = placement::pod_facts(
+        &observed,
+        &previous.instances,
+        app.spec.replicas,
+        now,
+        ctx.placement.failover_timeout,
+    );
+    let published = placement::published(assignment_cm.as_ref()).unwrap_or_else(|why| {
+        // Edited by hand: placement starts over from what the workers report.
+        tracing::warn!(configmap = %app.assignment_config_map_name(), %why, "ignoring an unreadable assignment");
+        None
+    });
+    let plan: Option<Plan> = match tasks {
+        Some(n) if invalid.is_none() && source_problem.is_none() => Some(placement::plan(
+            published.as_ref(),
+            &facts,
+            &previous.instances,
+            Params {
+                tasks: u32::try_from(n).unwrap_or(0),
+                standby_replicas: u32::try_from(app.spec.standby_replicas).unwrap_or(0),
+                warmup_max_lag: ctx.placement.warmup_max_lag,
+            },
+        )),
+        _ => None,
+    };
+    let wanted = plan.as_ref().map(|p| &p.assignment).or(published.as_ref());
+    let sts_replicas = placement::stateful_set_replicas(
+        app.spec.replicas,
+        &app.worker_name(),
+        wanted,
+        &facts,
+        &previous.instances,
+    );
+
     // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run. A
     // failure here is reported in status before it is returned.
     let mut apply_error = None;
+    let mut in_force = published.clone();
     if invalid.is_none() && source_problem.is_none() {
-        let applied = match build::build(app, &ctx.build) {
-            Ok(children) => apply_children(app, &ns, &children, ctx).await,
+        let to_publish = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment);
+        let built = build::build(app, &ctx.build, sts_replicas).and_then(|children| {
+            let cm = to_publish
+                .map(|a| build::assignment_config_map(app, a))
+                .transpose()?;
+            Ok((children, cm))
+        });
+        let applied = match built {
+            Ok((children, cm)) => apply_children(app, &ns, &children, cm.as_ref(), ctx).await,
             Err(e) => Err(e.into()),
         };
-        apply_error = applied.err();
+        match applied {
+            Ok(()) => {
+                if let Some(a) = to_publish {
+                    tracing::info!(generation = a.generation, "published task assignment");
+                    in_force = Some(a.clone());
+                }
+            }
+            Err(e) => apply_error = Some(e),
+        }
     }
     let apply_verdict = apply_error.as_ref().map(|e| match e {
         // The API server refused the object (invalid, or RBAC): retrying cannot help.
@@ -537,16 +634,24 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             what: "StatefulSet".into(),
             source,
         })?;
-    let facts = workload_facts(app, sts.as_ref());
-    let previous = app.status.clone().unwrap_or_default();
-    let instances =
-        status::current_instances(&app.name_any(), app.spec.replicas, &previous.instances);
+    let workload = workload_facts(app, sts.as_ref(), sts_replicas);
+    let live: Vec<&str> = observed
+        .iter()
+        .filter(|p| !p.terminating)
+        .map(|p| p.name.as_str())
+        .collect();
+    let instances = status::current_instances(&live, &previous.instances);
     let (restoration, restored) = status::restoration(&instances);
+    let tasks_verdict = status::tasks_verdict(in_force.as_ref(), &instances, app.spec.replicas);
+    // Placement is under way: a warm-up or balance step, or workers yet to acknowledge.
+    let placing =
+        plan.as_ref().is_some_and(|p| !p.settled) || tasks_verdict.reason == "AssignmentPending";
     let input = StatusInput {
         generation: app.metadata.generation,
         invalid: invalid.clone().or(apply_verdict.clone()),
         topics: topics_verdict,
-        workload: status::workload_verdict(&facts),
+        tasks: tasks_verdict,
+        workload: status::workload_verdict(&workload),
         restored,
         previous: &previous.conditions,
         now: Timestamp::now(),
@@ -572,8 +677,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         observed_generation: app.metadata.generation,
         conditions,
         phase: Some(phase),
-        replicas: facts.replicas,
-        ready_replicas: facts.ready_replicas,
+        replicas: workload.replicas,
+        ready_replicas: workload.ready_replicas,
         selector: Some(build::selector_string(app)),
         tasks,
         lag: instances.iter().filter_map(|i| i.lag).reduce(|a, b| a + b),
@@ -624,6 +729,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     } else if source_problem.is_some() || stalled.is_some() {
         // Someone may create or fix the topics: look again later.
         Action::requeue(Duration::from_secs(30))
+    } else if placing {
+        // Workers report every few seconds; their status writes also trigger a
+        // reconciliation, this bounds the wait when they do not.
+        Action::requeue(Duration::from_secs(2))
     } else if !ready {
         Action::requeue(Duration::from_secs(5))
     } else {
@@ -827,6 +936,20 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(api!(Role), children.clone())
         .owns(api!(RoleBinding), children.clone())
         .owns(api!(PodDisruptionBudget), children)
+        // Worker pods belong to the StatefulSet, not the StreamApp: map them by label,
+        // so a pod that goes away or turns unready starts a failover at once.
+        .watches(
+            api!(Pod),
+            watcher::Config::default().labels(
+                "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
+            ),
+            |pod: Pod| {
+                let ns = pod.namespace().unwrap_or_default();
+                pod.labels()
+                    .get(APP_LABEL)
+                    .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

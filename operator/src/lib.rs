@@ -4,5 +4,6 @@ pub mod build;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
+pub mod placement;
 pub mod status;
 pub mod topics;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use oxbow_operator::build::BuildContext;
 use oxbow_operator::controller::{self, Context};
 use oxbow_operator::leader::LeaderElector;
+use oxbow_operator::placement::PlacementConfig;
 use warp::Filter;
 
 #[derive(Parser, Debug)]
@@ -49,6 +50,15 @@ struct RunArgs {
     /// How often a Ready StreamApp is checked again (topic drift has no watch events).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     resync_interval: Duration,
+    /// How long a worker pod that is not Ready keeps its tasks while it still reports
+    /// (or was just created); then they fail over to the freshest standby. A pod that is
+    /// gone or terminating fails over at once.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    failover_timeout: Duration,
+    /// A task moves to another pod (scale-out balance, scale-in drain) only once that
+    /// pod's copy of its state is at most this many changelog records behind.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(0..))]
+    warmup_max_lag: i64,
     /// json (default) or text.
     #[arg(long, env = "OXBOW_LOG_FORMAT", default_value = "json")]
     log_format: String,
@@ -93,6 +103,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         args.cleanup_timeout,
         args.resync_interval,
+        PlacementConfig {
+            failover_timeout: args.failover_timeout,
+            warmup_max_lag: args.warmup_max_lag,
+        },
         &identity,
     ));
 

@@ -1,12 +1,13 @@
 //! The StreamApp's status from facts already read: conditions (kstatus: Ready,
-//! Reconciling, Stalled, plus TopicsReady, WorkloadReady, Restored), phase and the
-//! restoration summary.
+//! Reconciling, Stalled, plus TopicsReady, TasksAssigned, WorkloadReady, Restored),
+//! phase and the restoration summary.
 //!
 //! Pure. Transition times are carried over from the previous status when a condition's
 //! status did not change, so `lastTransitionTime` means what it says.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use oxbow_crds::assignment::Assignment;
 use oxbow_crds::{InstanceStatus, Phase, RestorationStatus, TopicStatus};
 
 pub const READY: &str = "Ready";
@@ -15,6 +16,11 @@ pub const STALLED: &str = "Stalled";
 pub const TOPICS_READY: &str = "TopicsReady";
 pub const WORKLOAD_READY: &str = "WorkloadReady";
 pub const RESTORED: &str = "Restored";
+pub const TASKS_ASSIGNED: &str = "TasksAssigned";
+
+/// The states a worker reports in its `instances[]` entry.
+pub const STATE_RESTORING: &str = "Restoring";
+pub const STATE_FAILED: &str = "Failed";
 
 /// A detail condition's verdict before it becomes a `Condition`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +69,8 @@ pub struct WorkloadFacts {
     pub updated_replicas: i32,
     /// The StatefulSet controller has seen the latest spec and finished rolling it out.
     pub rolled_out: bool,
+    /// Pods above `want_replicas` kept while they hand their tasks over (scale-in).
+    pub draining: i32,
 }
 
 pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
@@ -76,6 +84,15 @@ pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
         return Verdict::ok(
             "ScaledToZero",
             "replicas is 0: no worker runs, state is kept",
+        );
+    }
+    if w.draining > 0 {
+        return Verdict::waiting(
+            "Draining",
+            format!(
+                "scaling in to {}: {} pods above it keep running their tasks until the pods taking them over have warmed up",
+                w.want_replicas, w.draining
+            ),
         );
     }
     if w.ready_replicas >= w.want_replicas && w.updated_replicas >= w.want_replicas && w.rolled_out
@@ -134,71 +151,164 @@ pub fn topics_verdict(topics: &[TopicStatus]) -> Verdict {
     )
 }
 
-/// The workers' reports from pods that should exist: a pod removed by scaling in may
-/// have left its last entry behind, and a dead pod's report must not hold Ready back.
+/// The workers' reports from pods that exist and are not going away: a pod removed by
+/// scaling in may have left its last entry behind, and a dead pod's report must not
+/// hold Ready back. `live` names the existing, non-terminating worker pods.
 pub fn current_instances<'a>(
-    app_name: &str,
-    replicas: i32,
+    live: &[&str],
     instances: &'a [InstanceStatus],
 ) -> Vec<&'a InstanceStatus> {
     instances
         .iter()
-        .filter(|i| {
-            i.pod
-                .strip_prefix(app_name)
-                .and_then(|rest| rest.strip_prefix('-'))
-                .and_then(|ordinal| ordinal.parse::<i32>().ok())
-                .is_some_and(|n| n < replicas)
-        })
+        .filter(|i| live.contains(&i.pod.as_str()))
         .collect()
 }
 
-/// Restoration summed over the workers' own reports.
-pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>, Verdict) {
-    let restoring: Vec<&InstanceStatus> = instances
+fn restoring(i: &InstanceStatus) -> bool {
+    i.state.as_deref() == Some(STATE_RESTORING) || i.restore_remaining.unwrap_or(0) > 0
+}
+
+/// How many of a restoring worker's active tasks are still behind: those it reports a
+/// positive state lag for, or all of them when it reports none.
+fn tasks_restoring(i: &InstanceStatus) -> usize {
+    let behind = i
+        .active_tasks
         .iter()
-        .copied()
-        .filter(|i| i.state.as_deref() == Some("Restoring") || i.restore_remaining.unwrap_or(0) > 0)
-        .collect();
+        .filter(|t| i.state_lag.get(&t.to_string()).is_some_and(|l| *l > 0))
+        .count();
+    if behind > 0 {
+        behind
+    } else {
+        i.active_tasks.len()
+    }
+}
+
+/// Restoration summed over the workers' own reports: records restored of the total
+/// (restored + still to restore), the summed rate, the ETA at that rate, and the tasks
+/// still restoring. `Restored` is False while any current worker restores.
+pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>, Verdict) {
     if instances.is_empty() {
         return (
             None,
             Verdict::ok("NoState", "no worker has reported restoring state"),
         );
     }
-    let remaining: i64 = restoring
+    let restored: i64 = instances
         .iter()
-        .map(|i| i.restore_remaining.unwrap_or(0))
+        .map(|i| i.restored.unwrap_or(0).max(0))
         .sum();
-    let rate: i64 = restoring.iter().map(|i| i.restore_rate.unwrap_or(0)).sum();
-    if restoring.is_empty() {
-        let summary = RestorationStatus {
-            percent: "100%".into(),
-            ..Default::default()
-        };
-        return (
-            Some(summary),
-            Verdict::ok("Restored", "every task's state is restored"),
-        );
-    }
-    let eta = (rate > 0).then(|| remaining / rate.max(1));
+    let remaining: i64 = instances
+        .iter()
+        .map(|i| i.restore_remaining.unwrap_or(0).max(0))
+        .sum();
+    let total = restored.saturating_add(remaining);
+    let busy: Vec<&InstanceStatus> = instances.iter().copied().filter(|i| restoring(i)).collect();
+    let rate: i64 = busy
+        .iter()
+        .map(|i| i.restore_rate.unwrap_or(0).max(0))
+        .sum();
+    let tasks: usize = busy.iter().map(|i| tasks_restoring(i)).sum();
+    // Whole percent, rounded down, so "100%" only ever means done.
+    let percent = if busy.is_empty() {
+        100
+    } else if total > 0 {
+        (restored.saturating_mul(100) / total).min(99)
+    } else {
+        0
+    };
+    let eta = (rate > 0 && !busy.is_empty()).then(|| (remaining + rate - 1) / rate);
     let summary = RestorationStatus {
-        restored_records: 0,
-        total_records: remaining,
-        percent: "0%".into(),
+        restored_records: restored,
+        total_records: total,
+        percent: format!("{percent}%"),
         records_per_second: (rate > 0).then_some(rate),
         eta_seconds: eta,
-        tasks_restoring: restoring.len() as i32,
+        tasks_restoring: i32::try_from(tasks).unwrap_or(i32::MAX),
+    };
+    if busy.is_empty() {
+        return (
+            Some(summary),
+            Verdict::ok("Restored", "every active task's state is restored"),
+        );
+    }
+    let rate_text = if rate > 0 {
+        format!(", {rate} records/s")
+    } else {
+        String::new()
     };
     let eta_text = eta.map(|s| format!(", ETA {s}s")).unwrap_or_default();
+    let pods = busy
+        .iter()
+        .map(|i| i.pod.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     (
         Some(summary),
         Verdict::waiting(
             "Restoring",
             format!(
-                "{} pods restoring, {remaining} records to go{eta_text}",
-                restoring.len()
+                "{tasks} tasks restoring on {pods}: {restored}/{total} records ({percent}%){rate_text}{eta_text}"
             ),
+        ),
+    )
+}
+
+/// Whether the workers run what the operator assigned: no worker reports `Failed`, and
+/// every current worker that reports acknowledged the published generation. A worker
+/// that writes no status entry at all is not waited for (it cannot acknowledge).
+pub fn tasks_verdict(
+    assignment: Option<&Assignment>,
+    instances: &[&InstanceStatus],
+    replicas: i32,
+) -> Verdict {
+    let failed: Vec<String> = instances
+        .iter()
+        .filter(|i| i.state.as_deref() == Some(STATE_FAILED))
+        .map(|i| match &i.last_error {
+            Some(e) => format!("{}: {e}", i.pod),
+            None => format!("{}: no error reported", i.pod),
+        })
+        .collect();
+    if !failed.is_empty() {
+        return Verdict::waiting(
+            "TaskFailed",
+            format!("worker failed: {}", failed.join("; ")),
+        );
+    }
+    if replicas == 0 {
+        return Verdict::ok("ScaledToZero", "replicas is 0: no task runs");
+    }
+    let Some(a) = assignment.filter(|a| !a.tasks.is_empty()) else {
+        return Verdict::waiting(
+            "AssignmentPending",
+            "no task assignment yet: waiting for an eligible worker pod",
+        );
+    };
+    let behind: Vec<String> = instances
+        .iter()
+        .filter(|i| i.assignment_generation.is_none_or(|g| g < a.generation))
+        .map(|i| match i.assignment_generation {
+            Some(g) => format!("{} (at {g})", i.pod),
+            None => format!("{} (none yet)", i.pod),
+        })
+        .collect();
+    if !behind.is_empty() {
+        return Verdict::waiting(
+            "AssignmentPending",
+            format!(
+                "waiting for {} to acknowledge assignment generation {}",
+                behind.join(", "),
+                a.generation
+            ),
+        );
+    }
+    let pods = a.active_pods().len();
+    Verdict::ok(
+        "Assigned",
+        format!(
+            "{} tasks run on {pods} pods under assignment generation {}",
+            a.tasks.len(),
+            a.generation
         ),
     )
 }
@@ -208,6 +318,8 @@ pub struct StatusInput<'a> {
     pub generation: Option<i64>,
     pub invalid: Option<Verdict>,
     pub topics: Verdict,
+    /// From [`tasks_verdict`].
+    pub tasks: Verdict,
     pub workload: Verdict,
     pub restored: Verdict,
     pub previous: &'a [Condition],
@@ -239,8 +351,10 @@ fn condition(
 
 pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
     // The first failing detail explains Ready=False; an invalid spec trumps everything.
+    // Tasks come before the workload: a failed task says more than "1/3 pods ready".
     let details = [
         (TOPICS_READY, &input.topics),
+        (TASKS_ASSIGNED, &input.tasks),
         (WORKLOAD_READY, &input.workload),
         (RESTORED, &input.restored),
     ];
@@ -279,7 +393,12 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
         Phase::Failed
     } else if ready {
         Phase::Running
+    } else if input.tasks.reason == "TaskFailed" {
+        Phase::Degraded
     } else if !input.restored.ok {
+        Phase::Restoring
+    } else if input.tasks.reason == "AssignmentPending" && input.topics.ok && input.workload.ok {
+        // Tasks are changing hands; their new owners start (and restore) them.
         Phase::Restoring
     } else if input.topics.ok && input.workload.reason == "WorkersNotReady" {
         Phase::Degraded
@@ -300,6 +419,7 @@ mod tests {
             generation: Some(3),
             invalid: None,
             topics,
+            tasks: Verdict::ok("Assigned", ""),
             workload,
             restored: Verdict::ok("Restored", ""),
             previous: prev,
@@ -334,6 +454,7 @@ mod tests {
             ready_replicas: 1,
             updated_replicas: 3,
             rolled_out: true,
+            draining: 0,
         });
         let (cs, phase) = conditions(&input(&[], Verdict::ok("TopicsReady", ""), w));
         assert_eq!(get(&cs, READY).status, "False");
@@ -370,7 +491,7 @@ mod tests {
     }
 
     #[test]
-    fn reports_of_pods_removed_by_scaling_in_are_ignored() {
+    fn reports_of_pods_that_no_longer_exist_are_ignored() {
         let report = |pod: &str, remaining| InstanceStatus {
             pod: pod.into(),
             state: Some("Restoring".into()),
@@ -382,7 +503,7 @@ mod tests {
             report("app-2", 99),
             report("other-0", 5),
         ];
-        let current = current_instances("app", 2, &all);
+        let current = current_instances(&["app-0", "app-1"], &all);
         assert_eq!(
             current.iter().map(|i| i.pod.as_str()).collect::<Vec<_>>(),
             vec!["app-0"]
@@ -440,5 +561,166 @@ mod tests {
         assert_eq!(get(&cs, READY).reason, "InvalidExpression");
         assert_eq!(get(&cs, STALLED).status, "True");
         assert_eq!(phase, Phase::Failed);
+    }
+
+    fn worker(pod: &str) -> InstanceStatus {
+        InstanceStatus {
+            pod: pod.into(),
+            state: Some("Running".into()),
+            assignment_generation: Some(7),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn restoration_sums_records_rate_and_eta_over_the_workers() {
+        let mut a = worker("app-0");
+        a.state = Some("Restoring".into());
+        a.restored = Some(700);
+        a.restore_remaining = Some(300);
+        a.restore_rate = Some(100);
+        a.active_tasks = vec![0, 1, 2];
+        a.state_lag = [("0".to_string(), 300), ("1".to_string(), 0)].into();
+        let mut b = worker("app-1");
+        b.state = Some("Restoring".into());
+        b.restored = Some(170);
+        b.restore_remaining = Some(30);
+        b.restore_rate = Some(50);
+        b.active_tasks = vec![3];
+        let mut c = worker("app-2");
+        c.restored = Some(100);
+        let (summary, verdict) = restoration(&[&a, &b, &c]);
+        let s = summary.expect("summary");
+        assert_eq!((s.restored_records, s.total_records), (970, 1300));
+        assert_eq!(s.percent, "74%");
+        assert_eq!(s.records_per_second, Some(150));
+        assert_eq!(s.eta_seconds, Some(3), "330 records at 150/s, rounded up");
+        assert_eq!(s.tasks_restoring, 2, "task 0 on app-0 and task 3 on app-1");
+        assert!(!verdict.ok);
+        assert_eq!(verdict.reason, "Restoring");
+        assert_eq!(
+            verdict.message,
+            "2 tasks restoring on app-0, app-1: 970/1300 records (74%), 150 records/s, ETA 3s"
+        );
+    }
+
+    #[test]
+    fn a_nearly_done_restore_never_shows_as_a_hundred_percent() {
+        let mut a = worker("app-0");
+        a.state = Some("Restoring".into());
+        a.restored = Some(999_999);
+        a.restore_remaining = Some(1);
+        let (summary, verdict) = restoration(&[&a]);
+        assert_eq!(summary.expect("summary").percent, "99%");
+        assert!(!verdict.ok);
+        let mut done = worker("app-0");
+        done.restored = Some(1000);
+        let (summary, verdict) = restoration(&[&done]);
+        let s = summary.expect("summary");
+        assert_eq!((s.percent.as_str(), s.eta_seconds), ("100%", None));
+        assert!(verdict.ok);
+    }
+
+    fn assigned(generation: i64) -> Assignment {
+        let mut a = oxbow_crds::assignment::next(
+            None,
+            &[oxbow_crds::assignment::PodFacts {
+                pod: "app-0".into(),
+                eligible: true,
+                ..Default::default()
+            }],
+            oxbow_crds::assignment::Params {
+                tasks: 2,
+                standby_replicas: 0,
+                warmup_max_lag: 0,
+            },
+        );
+        a.generation = generation;
+        a
+    }
+
+    #[test]
+    fn a_failed_worker_makes_ready_false_with_its_pod_and_error() {
+        let mut f = worker("app-1");
+        f.state = Some("Failed".into());
+        f.last_error = Some("store seen: disk full".into());
+        let a = assigned(7);
+        let v = tasks_verdict(Some(&a), &[&worker("app-0"), &f], 2);
+        assert_eq!(v.reason, "TaskFailed");
+        assert_eq!(v.message, "worker failed: app-1: store seen: disk full");
+        let mut i = input(
+            &[],
+            Verdict::ok("TopicsReady", ""),
+            Verdict::waiting("WorkersNotReady", "1/2 worker pods ready"),
+        );
+        i.tasks = v;
+        let (cs, phase) = conditions(&i);
+        assert_eq!(
+            get(&cs, READY).reason,
+            "TaskFailed",
+            "said before the pod count"
+        );
+        assert_eq!(get(&cs, TASKS_ASSIGNED).status, "False");
+        assert_eq!(phase, Phase::Degraded);
+    }
+
+    #[test]
+    fn an_unacknowledged_assignment_keeps_ready_false_until_every_worker_runs_it() {
+        let a = assigned(8);
+        let mut late = worker("app-1");
+        late.assignment_generation = Some(6);
+        let v = tasks_verdict(Some(&a), &[&worker("app-0"), &late], 2);
+        assert_eq!(v.reason, "AssignmentPending");
+        assert_eq!(
+            v.message,
+            "waiting for app-0 (at 7), app-1 (at 6) to acknowledge assignment generation 8"
+        );
+        let mut i = input(
+            &[],
+            Verdict::ok("TopicsReady", ""),
+            Verdict::ok("AllWorkersReady", ""),
+        );
+        i.tasks = v;
+        let (cs, phase) = conditions(&i);
+        assert_eq!(get(&cs, READY).reason, "AssignmentPending");
+        assert_eq!(get(&cs, RECONCILING).status, "True");
+        assert_eq!(phase, Phase::Restoring);
+        let v = tasks_verdict(Some(&assigned(7)), &[&worker("app-0")], 2);
+        assert!(v.ok, "{v:?}");
+    }
+
+    #[test]
+    fn workers_that_write_no_status_are_not_waited_for() {
+        let v = tasks_verdict(Some(&assigned(3)), &[], 2);
+        assert!(v.ok, "{v:?}");
+        let v = tasks_verdict(None, &[], 2);
+        assert_eq!(
+            v.reason, "AssignmentPending",
+            "but an assignment must exist"
+        );
+        assert!(
+            tasks_verdict(None, &[], 0).ok,
+            "nothing to assign at 0 replicas"
+        );
+    }
+
+    #[test]
+    fn a_scale_in_that_waits_for_warm_up_says_so() {
+        let w = workload_verdict(&WorkloadFacts {
+            exists: true,
+            want_replicas: 2,
+            replicas: 4,
+            ready_replicas: 4,
+            updated_replicas: 4,
+            rolled_out: true,
+            draining: 2,
+        });
+        assert_eq!(w.reason, "Draining");
+        assert!(!w.ok && !w.stalled);
+        assert!(
+            w.message.starts_with("scaling in to 2: 2 pods above it"),
+            "{}",
+            w.message
+        );
     }
 }
