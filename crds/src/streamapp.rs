@@ -184,6 +184,26 @@ pub struct SourceSpec {
     /// RFC 3339 string (e.g. `value.ts`). Default: the Kafka record timestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
+    /// How the producers of the source topics map a key to a partition. Interactive
+    /// queries use it to find the task holding a key. `murmur2` (the default) is the Java
+    /// clients' and Kafka Streams' partitioner; `crc32` is librdkafka's `consistent`
+    /// (and `consistent_random`'s keyed case); `fnv1a` is librdkafka's `fnv1a`.
+    #[serde(default)]
+    pub partitioner: Partitioner,
+}
+
+/// A producer's key → partition function (see `SourceSpec.partitioner`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Partitioner {
+    /// `toPositive(murmur2(key)) % partitions`: Java clients, Kafka Streams, librdkafka's
+    /// `murmur2` / `murmur2_random`.
+    #[default]
+    Murmur2,
+    /// `crc32(key) % partitions`: librdkafka's `consistent` and `consistent_random`.
+    Crc32,
+    /// `abs(fnv1a(key)) % partitions`: librdkafka's `fnv1a` / `fnv1a_random`.
+    Fnv1a,
 }
 
 fn json_format() -> RecordFormat {
