@@ -73,6 +73,8 @@ fn main() -> anyhow::Result<()> {
         instances: 1,
         memory_budget: 64 << 20,
         instance_from_pod_name: false,
+        peers: Vec::new(),
+        coordination: None,
     };
     oxbow_worker::run_with(app, vec![risk], opts, Some(listen.parse()?))
 }

@@ -31,7 +31,7 @@ use crate::config::App;
 use crate::expr::Env;
 use crate::metrics::{METRICS, task as task_label};
 use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
-use crate::status::{RestoreProgress, Shared, TaskState, TaskStatus};
+use crate::status::{Desired, RestoreProgress, Role, Shared, TaskState, TaskStatus};
 use crate::store::{SharedMemory, StoreError, TaskDb};
 use crate::task::{
     Outcome, Output, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header,
@@ -100,9 +100,13 @@ pub struct RunOptions {
     /// Block cache plus memtables for the whole process.
     pub memory_budget: usize,
     /// The instance number came from the pod name, not from `--instance`: a pod whose
-    /// ordinal is beyond `instances` runs no task (it must not double-process) until the
-    /// operator publishes an assignment.
+    /// ordinal is beyond `instances` runs no task (it must not double-process).
     pub instance_from_pod_name: bool,
+    /// Standalone: `host:port` of every instance's HTTP server, index = instance, for query forwarding.
+    pub peers: Vec<String>,
+    /// Tasks come from the operator's assignment (see [`crate::coord`]), not from the
+    /// standalone rule.
+    pub coordination: Option<crate::coord::CoordConfig>,
 }
 
 /// Delivery reports of every producer: the last offset per partition (changelog
@@ -273,7 +277,10 @@ pub struct Engine {
     consumer: BaseConsumer,
     producers: Producers,
     tracker: Arc<Tracker>,
+    /// Active tasks: they process source records and own their output.
     tasks: BTreeMap<TaskId, Task>,
+    /// Standby tasks: they apply the changelog to a local copy of the state.
+    standbys: BTreeMap<TaskId, Standby>,
     sink_topic: Option<String>,
     dlq_topic: Option<String>,
     /// Committed source offsets per task (what Kafka holds), for the restore filter.
@@ -281,11 +288,49 @@ pub struct Engine {
     /// The restore consumer, unassigned after restore: it asks for watermarks (lag) on
     /// a connection that is not parked in the main consumer's long-poll fetches.
     side: BaseConsumer,
+    memory: SharedMemory,
+    state_dir: PathBuf,
+    /// Changelog topic → store, to route standby records.
+    changelogs: HashMap<String, StoreName>,
+    /// The desired-state version last applied.
+    desired_seen: u64,
+    desired: Desired,
+    /// Active tasks waiting for their previous owner to let go, since when.
+    waiting: BTreeMap<TaskId, Instant>,
 }
 
+/// A standby task: the changelog applied to a local copy of the state, checkpointed, so
+/// a promotion restores only the tail.
+struct Standby {
+    db: Arc<TaskDb>,
+    /// Per store: the next changelog offset to apply.
+    next: BTreeMap<StoreName, i64>,
+    /// Applied but not yet written to RocksDB.
+    pending: Vec<crate::overlay::Write>,
+    /// At-least-once only: records whose source work is not committed yet, in log
+    /// order. A crash of the active between its changelog flush and its offset commit
+    /// leaves such records behind; they are applied only once the group's committed
+    /// offsets cover them (the same rule as restore).
+    held: std::collections::VecDeque<HeldRecord>,
+    committed: BTreeMap<String, i64>,
+    last_flush: Instant,
+}
+
+struct HeldRecord {
+    store: StoreName,
+    offset: i64,
+    source: Option<BTreeMap<String, i64>>,
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+}
+
+/// How long a new active waits for the previous owner to acknowledge releasing a task
+/// before it starts anyway (under exactly-once its producer fences a zombie).
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl Engine {
-    /// Connects, finds the tasks, opens and restores their state. Returns when every
-    /// task is ready to process.
+    /// Connects, reads the task count, creates missing topics. Tasks start when a
+    /// desired state arrives (at once in standalone mode).
     pub fn start(
         app: Arc<App>,
         opts: &RunOptions,
@@ -319,70 +364,57 @@ impl Engine {
             .flat_map(|f| f(TaskId(0)).stores())
             .collect();
         ensure_topics(&app, &consumer, task_count, &all_stores)?;
-        let ids = if opts.instance_from_pod_name && opts.instance >= opts.instances {
-            tracing::warn!(
-                instance = opts.instance,
-                instances = opts.instances,
-                "this pod's ordinal is beyond --instances: it runs no task (set OXBOW_INSTANCES, or wait for the operator's assignment)"
-            );
-            Vec::new()
+        let changelogs = all_stores
+            .iter()
+            .map(|s| (changelog_topic(&app.application_id, s), s.clone()))
+            .collect();
+        if let Ok(mut r) = shared.routing.write() {
+            r.task_count = task_count as u32;
+        }
+        if opts.coordination.is_none() {
+            let ids = if opts.instance_from_pod_name && opts.instance >= opts.instances {
+                tracing::warn!(
+                    instance = opts.instance,
+                    instances = opts.instances,
+                    "this pod's ordinal is beyond --instances: it runs no task (set OXBOW_INSTANCES, or run under the operator)"
+                );
+                Vec::new()
+            } else {
+                oxbow_crds::assignment::standalone(
+                    task_count as u32,
+                    opts.instance,
+                    opts.instances,
+                )?
+            };
+            tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
+            if let Ok(mut r) = shared.routing.write() {
+                r.me = format!("instance-{}", opts.instance);
+                r.placements = (0..task_count as u32)
+                    .map(|t| {
+                        (
+                            TaskId(t),
+                            oxbow_crds::assignment::TaskPlacement {
+                                active: format!("instance-{}", t % opts.instances.max(1)),
+                                standbys: Vec::new(),
+                            },
+                        )
+                    })
+                    .collect();
+            }
+            shared.set_desired(Desired {
+                generation: 0,
+                active: ids.into_iter().collect(),
+                ..Default::default()
+            });
         } else {
-            oxbow_crds::assignment::standalone(task_count as u32, opts.instance, opts.instances)?
-        };
-        tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
-        shared.update(|s| {
-            s.state = "Starting".into();
-            s.tasks = ids.iter().map(|t| TaskStatus::new(t.0)).collect();
-        });
+            tracing::info!(task_count, "waiting for the operator's assignment");
+        }
 
         let tracker = Arc::new(Tracker::default());
         let producers = match app.guarantee {
             ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(&app, &tracker, None)?),
-            ProcessingGuarantee::ExactlyOnce => {
-                let mut m = BTreeMap::new();
-                for t in &ids {
-                    let tid = app.manifest.transactional_id(*t);
-                    let p = producer(&app, &tracker, Some(&tid))?;
-                    // Fences any older producer with this id and aborts its open
-                    // transaction, so restore below reads only committed data.
-                    p.init_transactions(KAFKA_TIMEOUT).map_err(|source| {
-                        EngineError::InitTransactions {
-                            transactional_id: tid.clone(),
-                            source,
-                        }
-                    })?;
-                    m.insert(*t, (p, false));
-                }
-                Producers::Transactional(m)
-            }
+            ProcessingGuarantee::ExactlyOnce => Producers::Transactional(BTreeMap::new()),
         };
-
-        // What Kafka says is committed: the truth for where to resume and what to restore.
-        let mut tpl = TopicPartitionList::new();
-        for t in &ids {
-            for topic in &spec.source.topics {
-                tpl.add_partition(topic, t.0 as i32);
-            }
-        }
-        let committed_tpl = consumer
-            .committed_offsets(tpl, KAFKA_TIMEOUT)
-            .map_err(|source| EngineError::CommittedOffsets {
-                group: app.application_id.clone(),
-                source,
-            })?;
-        let mut committed: BTreeMap<TaskId, BTreeMap<String, i64>> = BTreeMap::new();
-        // Offsets of topics no longer in the spec are not ours to resume from.
-        for e in committed_tpl.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                committed
-                    .entry(TaskId(e.partition() as u32))
-                    .or_default()
-                    .insert(e.topic().to_string(), o);
-            }
-        }
-
-        let memory = SharedMemory::new(opts.memory_budget);
-        let env = Env::default();
         let restore_consumer: BaseConsumer =
             consumer_config(&app, true)
                 .create()
@@ -390,88 +422,385 @@ impl Engine {
                     what: "restore consumer",
                     source,
                 })?;
-        let mut tasks = BTreeMap::new();
-        shared.update(|s| s.state = "Restoring".into());
-        for id in &ids {
-            let processors: Vec<_> = app.steps.iter().map(|f| f(*id)).collect();
-            let stores: Vec<StoreName> = processors.iter().flat_map(|p| p.stores()).collect();
-            let dir = opts
-                .state_dir
-                .join(&app.application_id)
-                .join(id.to_string());
-            let db = TaskDb::open(&dir, *id, &stores, &memory)?;
-            // Kafka drops a group's offsets after offsets.retention.minutes without a
-            // commit; the positions kept with the state are then the best truth, far
-            // better than reprocessing the topic from the start into existing state.
-            let kept = db.checkpoint()?.source;
-            for topic in &spec.source.topics {
-                let known = committed.get(id).is_some_and(|m| m.contains_key(topic));
-                if let (false, Some(pos)) = (known, kept.get(topic)) {
-                    tracing::warn!(task = %id, topic, position = pos,
-                        "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
-                    committed
-                        .entry(*id)
-                        .or_default()
-                        .insert(topic.clone(), *pos);
-                }
-            }
-            let mut task = Task::new(*id, db, processors);
-            let done = committed.get(id).cloned().unwrap_or_default();
-            task.positions = done.clone();
-            shared.task(id.0, |t| t.state = TaskState::Restoring);
-            let progress = restore_task(
-                &app,
-                &restore_consumer,
-                &mut task,
-                &stores,
-                // Under exactly-once read_committed already hides uncommitted work;
-                // the source-offset filter is for at-least-once.
-                (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(&done),
-                &shared,
-            )?;
-            tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
-                seconds = progress.seconds, rate = progress.records_per_second, "restored");
-            task.init(&env).map_err(|e| EngineError::Init {
-                task: *id,
-                message: e.to_string(),
-            })?;
-            shared.task(id.0, |t| {
-                t.state = TaskState::Running;
-                t.positions = task.positions.clone();
-            });
-            tasks.insert(*id, task);
-        }
-
-        // Resume each partition at its committed offset (or the log start).
-        let mut assign = TopicPartitionList::new();
-        for id in &ids {
-            for topic in &spec.source.topics {
-                let off = committed
-                    .get(id)
-                    .and_then(|m| m.get(topic))
-                    .map_or(Offset::Beginning, |o| Offset::Offset(*o));
-                assign
-                    .add_partition_offset(topic, id.0 as i32, off)
-                    .map_err(EngineError::AssignPartitions)?;
-            }
-        }
-        consumer
-            .assign(&assign)
-            .map_err(EngineError::AssignPartitions)?;
-        shared.update(|s| s.state = "Running".into());
-        Ok(Self {
+        let mut engine = Self {
             sink_topic: spec.sink.as_ref().map(|s| s.topic.clone()),
             dlq_topic: app.manifest.dead_letter_topic(),
             app,
             shared,
-            env,
+            env: Env::default(),
             consumer,
             producers,
             tracker,
-            tasks,
-            committed,
+            tasks: BTreeMap::new(),
+            standbys: BTreeMap::new(),
+            committed: BTreeMap::new(),
             side: restore_consumer,
-        })
+            memory: SharedMemory::new(opts.memory_budget),
+            state_dir: opts.state_dir.clone(),
+            changelogs,
+            desired_seen: 0,
+            desired: Desired::default(),
+            waiting: BTreeMap::new(),
+        };
+        // Standalone: restore and start every task before processing. Coordinated: the
+        // worker stays Starting (not ready) until it has applied an assignment.
+        engine.apply_desired()?;
+        Ok(engine)
+    }
+
+    /// Applies a new desired state, if any, and retries hand-overs that were waiting.
+    fn apply_desired(&mut self) -> Result<(), EngineError> {
+        let retry = !self.waiting.is_empty();
+        if let Some(d) = self.shared.desired_since(&mut self.desired_seen) {
+            tracing::info!(generation = d.generation, active = ?d.active, standby = ?d.standby,
+                waiting_for_release = ?d.held_elsewhere, "new assignment");
+            self.desired = d;
+        } else if !retry {
+            return Ok(());
+        }
+        let d = self.desired.clone();
+        // Tasks that must start as actives now; the others wait for their previous owner.
+        let now = Instant::now();
+        let mut start_active = Vec::new();
+        let mut keep_waiting = BTreeMap::new();
+        for t in &d.active {
+            if self.tasks.contains_key(t) {
+                continue;
+            }
+            if d.held_elsewhere.contains(t) {
+                let since = self.waiting.get(t).copied().unwrap_or(now);
+                if now.duration_since(since) < HANDOVER_TIMEOUT {
+                    keep_waiting.insert(*t, since);
+                    continue;
+                }
+                tracing::warn!(task = %t, "the previous owner has not released the task within {}s: starting it anyway (exactly-once fences a zombie; at-least-once may see duplicates)", HANDOVER_TIMEOUT.as_secs());
+            }
+            start_active.push(*t);
+        }
+        self.waiting = keep_waiting;
+
+        // 1. Release what is no longer ours, first: the next owner waits for it.
+        let release: Vec<TaskId> = self
+            .tasks
+            .keys()
+            .filter(|t| !d.active.contains(t))
+            .copied()
+            .collect();
+        if !release.is_empty() {
+            self.commit_all()?;
+            for t in release {
+                let db = self.close_active(t)?;
+                if d.standby.contains(&t) {
+                    self.start_standby(t, Some(db))?;
+                }
+            }
+        }
+        // 2. Standbys no longer wanted (neither standby nor an active to be).
+        let drop_standbys: Vec<TaskId> = self
+            .standbys
+            .keys()
+            .filter(|t| !d.standby.contains(t) && !d.active.contains(t))
+            .copied()
+            .collect();
+        for t in drop_standbys {
+            self.close_standby(t)?;
+        }
+        // 3. New standbys, and actives waiting for a hand-over (kept warm meanwhile).
+        let want_standby: Vec<TaskId> = d
+            .standby
+            .iter()
+            .chain(self.waiting.keys())
+            .filter(|t| !self.standbys.contains_key(t) && !self.tasks.contains_key(t))
+            .copied()
+            .collect();
+        for t in want_standby {
+            self.start_standby(t, None)?;
+        }
+        // 4. New actives: a warm standby is promoted (tail restore only).
+        for t in start_active {
+            let db = match self.standbys.contains_key(&t) {
+                true => Some(self.close_standby(t)?),
+                false => None,
+            };
+            self.start_active(t, db)?;
+        }
+        self.shared.update(|s| {
+            s.generation = d.generation;
+            s.state = "Running".into();
+        });
+        Ok(())
+    }
+
+    fn task_dir(&self, id: TaskId) -> PathBuf {
+        self.state_dir
+            .join(&self.app.application_id)
+            .join(id.to_string())
+    }
+
+    fn task_stores(&self, id: TaskId) -> Vec<StoreName> {
+        self.app.steps.iter().flat_map(|f| f(id).stores()).collect()
+    }
+
+    fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        let stores = self.task_stores(id);
+        Ok(Arc::new(TaskDb::open(
+            &self.task_dir(id),
+            id,
+            &stores,
+            &self.memory,
+        )?))
+    }
+
+    fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.app.manifest.spec.source.topics {
+            tpl.add_partition(topic, id.0 as i32);
+        }
+        tpl
+    }
+
+    /// Fences the previous owner (exactly-once), restores the state (a tail when the
+    /// local copy is warm), then starts consuming at the committed offsets.
+    fn start_active(&mut self, id: TaskId, db: Option<Arc<TaskDb>>) -> Result<(), EngineError> {
+        let app = self.app.clone();
+        let spec = &app.manifest.spec;
+        let mut st = TaskStatus::new(id.0);
+        st.state = TaskState::Restoring;
+        self.shared.put_task(st);
+        self.shared.update(|s| s.state = "Restoring".into());
+        if let Producers::Transactional(m) = &mut self.producers {
+            let tid = app.manifest.transactional_id(id);
+            let p = producer(&app, &self.tracker, Some(&tid))?;
+            // Fences any older producer with this id and aborts its open transaction,
+            // so the restore below reads only committed data.
+            p.init_transactions(KAFKA_TIMEOUT)
+                .map_err(|source| EngineError::InitTransactions {
+                    transactional_id: tid.clone(),
+                    source,
+                })?;
+            m.insert(id, (p, false));
+        }
+        // What Kafka says is committed: the truth for where to resume and what to restore.
+        let committed_tpl = self
+            .consumer
+            .committed_offsets(self.source_tpl(id), KAFKA_TIMEOUT)
+            .map_err(|source| EngineError::CommittedOffsets {
+                group: app.application_id.clone(),
+                source,
+            })?;
+        let mut done: BTreeMap<String, i64> = BTreeMap::new();
+        for e in committed_tpl.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                done.insert(e.topic().to_string(), o);
+            }
+        }
+        let db = match db {
+            Some(db) => db,
+            None => self.open_db(id)?,
+        };
+        // Kafka drops a group's offsets after offsets.retention.minutes without a
+        // commit; the positions kept with the state are then the best truth, far
+        // better than reprocessing the topic from the start into existing state.
+        let kept = db.checkpoint()?.source;
+        for topic in &spec.source.topics {
+            if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
+                tracing::warn!(task = %id, topic, position = pos,
+                    "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
+                done.insert(topic.clone(), *pos);
+            }
+        }
+        self.committed.insert(id, done.clone());
+        let processors: Vec<_> = app.steps.iter().map(|f| f(id)).collect();
+        let stores: Vec<StoreName> = processors.iter().flat_map(|p| p.stores()).collect();
+        let mut task = Task::new(id, db.clone(), processors);
+        task.positions = done.clone();
+        if let Ok(mut dbs) = self.shared.dbs.write() {
+            dbs.insert(id, db);
+        }
+        let progress = restore_task(
+            &app,
+            &self.side,
+            &mut task,
+            &stores,
+            // Under exactly-once read_committed already hides uncommitted work;
+            // the source-offset filter is for at-least-once.
+            (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(&done),
+            &self.shared,
+        )?;
+        tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
+            seconds = progress.seconds, rate = progress.records_per_second, "restored");
+        task.init(&self.env).map_err(|e| EngineError::Init {
+            task: id,
+            message: e.to_string(),
+        })?;
+        self.shared.task(id.0, |t| {
+            t.state = TaskState::Running;
+            t.state_lag = Some(0);
+            t.positions = task.positions.clone();
+        });
+        let mut assign = TopicPartitionList::new();
+        for topic in &spec.source.topics {
+            let off = done
+                .get(topic)
+                .map_or(Offset::Beginning, |o| Offset::Offset(*o));
+            assign
+                .add_partition_offset(topic, id.0 as i32, off)
+                .map_err(EngineError::AssignPartitions)?;
+        }
+        self.consumer
+            .incremental_assign(&assign)
+            .map_err(EngineError::AssignPartitions)?;
+        self.tasks.insert(id, task);
+        self.shared.update(|s| s.state = "Running".into());
+        Ok(())
+    }
+
+    /// Stops an active task whose work is committed; returns its store.
+    fn close_active(&mut self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        let tpl = self.source_tpl(id);
+        self.consumer
+            .incremental_unassign(&tpl)
+            .map_err(EngineError::AssignPartitions)?;
+        if let Producers::Transactional(m) = &mut self.producers {
+            m.remove(&id);
+        }
+        self.committed.remove(&id);
+        if let Ok(mut dbs) = self.shared.dbs.write() {
+            dbs.remove(&id);
+        }
+        self.shared.remove_task(id.0);
+        tracing::info!(task = %id, "released active task");
+        let task = self.tasks.remove(&id).ok_or_else(|| EngineError::Init {
+            task: id,
+            message: "released a task that was not active".into(),
+        })?;
+        Ok(task.db)
+    }
+
+    /// Starts applying a task's changelog to a local copy, from its checkpoint.
+    fn start_standby(&mut self, id: TaskId, db: Option<Arc<TaskDb>>) -> Result<(), EngineError> {
+        let db = match db {
+            Some(db) => db,
+            None => self.open_db(id)?,
+        };
+        let checkpoint = db.checkpoint()?;
+        let mut next = BTreeMap::new();
+        let mut tpl = TopicPartitionList::new();
+        for store in self.task_stores(id) {
+            let topic = changelog_topic(&self.app.application_id, &store);
+            let (low, high) = self
+                .side
+                .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
+                .map_err(|e| EngineError::Restore {
+                    task: id,
+                    store: store.0.clone(),
+                    topic: topic.clone(),
+                    message: e.to_string(),
+                })?;
+            let from = match plan(RestoreFacts {
+                checkpoint: checkpoint.changelog.get(&store).copied(),
+                log_start: low,
+                log_end: high,
+                local_empty: db.is_empty(&store)?,
+            }) {
+                RestorePlan::UpToDate => high,
+                RestorePlan::Tail { from, .. } => from,
+                RestorePlan::Full { from, wipe, .. } => {
+                    if wipe {
+                        tracing::warn!(task = %id, store = %store, "standby copy is not a prefix of its changelog: wiping it");
+                        db.wipe(&store)?;
+                    }
+                    from
+                }
+            };
+            tpl.add_partition_offset(&topic, id.0 as i32, Offset::Offset(from))
+                .map_err(EngineError::AssignPartitions)?;
+            next.insert(store, from);
+        }
+        self.consumer
+            .incremental_assign(&tpl)
+            .map_err(EngineError::AssignPartitions)?;
+        if let Ok(mut dbs) = self.shared.dbs.write() {
+            dbs.insert(id, db.clone());
+        }
+        let mut st = TaskStatus::new(id.0);
+        st.role = Role::Standby;
+        st.state = TaskState::Running;
+        self.shared.put_task(st);
+        tracing::info!(task = %id, "started standby task");
+        self.standbys.insert(
+            id,
+            Standby {
+                db,
+                next,
+                pending: Vec::new(),
+                held: Default::default(),
+                committed: self.committed.get(&id).cloned().unwrap_or_default(),
+                last_flush: Instant::now(),
+            },
+        );
+        if self.app.guarantee == ProcessingGuarantee::AtLeastOnce {
+            self.refresh_standby_offsets(id);
+        }
+        Ok(())
+    }
+
+    /// Checkpoints and stops a standby; returns its store.
+    fn close_standby(&mut self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        self.flush_standby(id)?;
+        let mut tpl = TopicPartitionList::new();
+        for store in self.task_stores(id) {
+            tpl.add_partition(
+                &changelog_topic(&self.app.application_id, &store),
+                id.0 as i32,
+            );
+        }
+        self.consumer
+            .incremental_unassign(&tpl)
+            .map_err(EngineError::AssignPartitions)?;
+        if let Ok(mut dbs) = self.shared.dbs.write() {
+            dbs.remove(&id);
+        }
+        self.shared.remove_task(id.0);
+        let sb = self.standbys.remove(&id).ok_or_else(|| EngineError::Init {
+            task: id,
+            message: "closed a standby that was not open".into(),
+        })?;
+        Ok(sb.db)
+    }
+
+    /// At-least-once: the group's committed offsets of a standby's source partitions.
+    fn refresh_standby_offsets(&mut self, id: TaskId) {
+        let tpl = self.source_tpl(id);
+        if let Ok(c) = self.side.committed_offsets(tpl, Duration::from_secs(5))
+            && let Some(sb) = self.standbys.get_mut(&id)
+        {
+            for e in c.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    sb.committed.insert(e.topic().to_string(), o);
+                }
+            }
+        }
+    }
+
+    /// Writes a standby's applied records with their checkpoint.
+    fn flush_standby(&mut self, id: TaskId) -> Result<(), EngineError> {
+        let Some(sb) = self.standbys.get_mut(&id) else {
+            return Ok(());
+        };
+        sb.last_flush = Instant::now();
+        // A held record's offset bounds its store's checkpoint: it is not applied yet.
+        let mut cp = sb.next.clone();
+        for h in &sb.held {
+            let e = cp.entry(h.store.clone()).or_insert(h.offset);
+            *e = (*e).min(h.offset);
+        }
+        if sb.pending.is_empty() && sb.db.checkpoint()?.changelog == cp {
+            return Ok(());
+        }
+        sb.db.commit(&sb.pending, &cp, &BTreeMap::new())?;
+        sb.pending.clear();
+        Ok(())
     }
 
     /// Processes until asked to stop, then commits and returns.
@@ -482,9 +811,24 @@ impl Engine {
         let mut last_report = Instant::now();
         let mut last_refresh = Instant::now();
         let mut out = Vec::new();
+        let mut last_desired_check = Instant::now();
         while !self.shared.stopping() {
+            if last_desired_check.elapsed() >= Duration::from_millis(200) {
+                last_desired_check = Instant::now();
+                self.apply_desired()?;
+            }
             match self.consumer.poll(Duration::from_millis(5)) {
                 Some(Ok(m)) => {
+                    if let Some(store) = self.changelogs.get(m.topic()).cloned() {
+                        apply_standby_record(
+                            &mut self.standbys,
+                            self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
+                            &self.app.manifest.spec.source.topics,
+                            store,
+                            &m,
+                        );
+                        continue;
+                    }
                     let id = TaskId(m.partition() as u32);
                     let Some(task) = self.tasks.get_mut(&id) else {
                         continue;
@@ -548,6 +892,7 @@ impl Engine {
             if last_commit.elapsed() >= interval || pending >= MAX_UNCOMMITTED {
                 self.commit_all()?;
                 last_commit = Instant::now();
+                self.flush_standbys()?;
             }
             if last_report.elapsed() >= Duration::from_secs(2) {
                 last_report = Instant::now();
@@ -557,7 +902,36 @@ impl Engine {
         tracing::info!("stopping: committing the current unit of work");
         self.shared.update(|s| s.state = "Stopping".into());
         self.commit_all()?;
+        let standbys: Vec<TaskId> = self.standbys.keys().copied().collect();
+        for t in standbys {
+            self.flush_standby(t)?;
+        }
         self.report();
+        Ok(())
+    }
+
+    /// Checkpoints standbys now and then (at-least-once: after refreshing the committed
+    /// offsets that release held records).
+    fn flush_standbys(&mut self) -> Result<(), EngineError> {
+        let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+        let ids: Vec<TaskId> = self
+            .standbys
+            .iter()
+            .filter(|(_, sb)| {
+                sb.last_flush.elapsed() >= Duration::from_secs(1) || sb.pending.len() >= 10_000
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        let sources = self.app.manifest.spec.source.topics.clone();
+        for t in ids {
+            if alos {
+                self.refresh_standby_offsets(t);
+                if let Some(sb) = self.standbys.get_mut(&t) {
+                    drain_held(sb, &sources);
+                }
+            }
+            self.flush_standby(t)?;
+        }
         Ok(())
     }
 
@@ -851,6 +1225,76 @@ impl Engine {
                     .set(task.db.size_bytes(s) as i64);
             }
             self.shared.task(id.0, |t| t.lag = Some(lag));
+        }
+        for (id, sb) in &self.standbys {
+            let mut lag = 0;
+            for (store, next) in &sb.next {
+                let topic = changelog_topic(&self.app.application_id, store);
+                if let Ok((_, high)) =
+                    self.side
+                        .fetch_watermarks(&topic, id.0 as i32, Duration::from_secs(2))
+                {
+                    lag += (high - next).max(0);
+                }
+            }
+            // Under exactly-once the log end includes transaction markers, which are
+            // never delivered: a caught-up standby may show a few records of lag.
+            self.shared.task(id.0, |t| t.state_lag = Some(lag));
+        }
+    }
+}
+
+/// Applies one changelog record to a standby.
+fn apply_standby_record(
+    standbys: &mut BTreeMap<TaskId, Standby>,
+    alos: bool,
+    sources: &[String],
+    store: StoreName,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    let id = TaskId(m.partition() as u32);
+    let Some(sb) = standbys.get_mut(&id) else {
+        return;
+    };
+    let Some(key) = m.key() else {
+        sb.next.insert(store, m.offset() + 1);
+        return;
+    };
+    let source = m
+        .headers()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h.key == SOURCE_HEADER)
+                .and_then(|h| h.value)
+        })
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(parse_source_header);
+    let rec = HeldRecord {
+        store,
+        offset: m.offset(),
+        source,
+        key: key.to_vec(),
+        value: m.payload().map(<[u8]>::to_vec),
+    };
+    if alos {
+        sb.held.push_back(rec);
+        drain_held(sb, sources);
+    } else {
+        sb.next.insert(rec.store.clone(), rec.offset + 1);
+        sb.pending.push(((rec.store, rec.key), rec.value));
+    }
+}
+
+/// Applies the held records whose source work is now committed, in log order.
+fn drain_held(sb: &mut Standby, sources: &[String]) {
+    while sb
+        .held
+        .front()
+        .is_some_and(|h| produced_by_committed_work(h.source.as_ref(), &sb.committed, sources))
+    {
+        if let Some(h) = sb.held.pop_front() {
+            sb.next.insert(h.store.clone(), h.offset + 1);
+            sb.pending.push(((h.store, h.key), h.value));
         }
     }
 }

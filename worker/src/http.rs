@@ -1,18 +1,24 @@
 //! The worker's HTTP endpoints (warp): `/healthz` (the process answers), `/readyz`
-//! (every active task restored and running), `/metrics` (Prometheus) and `/v1/status`.
-//! Read-only views of [`Shared`]; this module never touches state or Kafka.
+//! (every active task restored and running), `/metrics` (Prometheus), `/v1/status`, and
+//! the interactive queries under `/v1/stores` (see [`crate::query`] and
+//! `docs/queries.md`). Read-only views of [`Shared`] and the stores; this module never
+//! touches Kafka.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use warp::Filter;
 use warp::http::StatusCode;
 
+use crate::query::{Answer, Catalog, HOP_HEADER, Queries};
 use crate::status::Shared;
 
 pub fn routes(
     shared: Arc<Shared>,
+    catalog: Catalog,
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = warp::Rejection> + Clone {
+    let queries = Arc::new(Queries::new(shared.clone(), catalog));
     let s1 = shared.clone();
     let s2 = shared.clone();
     let s3 = shared;
@@ -56,10 +62,79 @@ pub fn routes(
             StatusCode::INTERNAL_SERVER_ERROR,
         ),
     });
-    warp::get().and(healthz.or(readyz).or(metrics).or(status))
+    let with = move || {
+        let q = queries.clone();
+        warp::any().map(move || q.clone())
+    };
+    let params = || warp::query::<HashMap<String, String>>();
+    let hop = || warp::header::optional::<String>(HOP_HEADER);
+    let key = warp::path!("v1" / "stores" / String / "keys" / String)
+        .and(params())
+        .and(hop())
+        .and(with())
+        .then(
+            |store: String,
+             key: String,
+             q: HashMap<String, String>,
+             hop: Option<String>,
+             s: Arc<Queries>| async move {
+                reply(s.key(&store, &key, &q, false, hop.is_some()).await)
+            },
+        );
+    let windows = warp::path!("v1" / "stores" / String / "keys" / String / "windows")
+        .and(params())
+        .and(hop())
+        .and(with())
+        .then(
+            |store: String,
+             key: String,
+             q: HashMap<String, String>,
+             hop: Option<String>,
+             s: Arc<Queries>| async move {
+                reply(s.key(&store, &key, &q, true, hop.is_some()).await)
+            },
+        );
+    let range =
+        warp::path!("v1" / "stores" / String / "range")
+            .and(params())
+            .and(hop())
+            .and(with())
+            .then(
+                |store: String,
+                 q: HashMap<String, String>,
+                 hop: Option<String>,
+                 s: Arc<Queries>| async move {
+                    reply(s.range(&store, &q, hop.is_some()).await)
+                },
+            );
+    warp::get().and(
+        healthz
+            .or(readyz)
+            .or(metrics)
+            .or(status)
+            .or(key)
+            .or(windows)
+            .or(range),
+    )
+}
+
+/// A query answer as HTTP: its status, the JSON body, and `Retry-After` when set.
+fn reply(a: Answer) -> warp::http::Response<String> {
+    let mut b = warp::http::Response::builder()
+        .status(StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", "application/json");
+    if let Some(s) = a.retry_after {
+        b = b.header("retry-after", s.to_string());
+    }
+    let body = serde_json::to_string(&a.body).unwrap_or_else(|_| "{}".into());
+    b.body(body).unwrap_or_else(|_| {
+        let mut r = warp::http::Response::new("{\"error\":\"failed to build the answer\"}".into());
+        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        r
+    })
 }
 
 /// Serves until the process exits.
-pub async fn serve(addr: SocketAddr, shared: Arc<Shared>) {
-    warp::serve(routes(shared)).run(addr).await;
+pub async fn serve(addr: SocketAddr, shared: Arc<Shared>, catalog: Catalog) {
+    warp::serve(routes(shared, catalog)).run(addr).await;
 }

@@ -11,12 +11,14 @@
 //! processors appended to the built-in steps.
 
 pub mod config;
+pub mod coord;
 pub mod engine;
 pub mod expr;
 pub mod http;
 pub mod metrics;
 pub mod overlay;
 pub mod processor;
+pub mod query;
 pub mod restore;
 pub mod status;
 pub mod steps;
@@ -35,6 +37,15 @@ pub use processor::{Context, Processor, ProcessorFactory, Record, StepError};
 pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Result<()> {
     let app = Arc::new(app);
     let shared = Arc::new(status::Shared::default());
+    // Standalone `--peers`: where instance N serves queries, for forwarding.
+    if let Ok(mut r) = shared.routing.write() {
+        r.addresses.extend(
+            opts.peers
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("instance-{i}"), a.clone())),
+        );
+    }
     shared.update(|s| {
         s.application_id = app.application_id.clone();
         s.instance = opts.instance;
@@ -50,7 +61,21 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         .enable_all()
         .build()?;
     if let Some(addr) = listen {
-        rt.spawn(http::serve(addr, shared.clone()));
+        rt.spawn(http::serve(
+            addr,
+            shared.clone(),
+            query::Catalog::from_app(&app),
+        ));
+    }
+    if let Some(cfg) = opts.coordination.clone() {
+        let shared = shared.clone();
+        rt.spawn(async move {
+            // Without the operator's word the worker runs nothing; say why loudly.
+            if let Err(e) = coord::run(cfg, shared.clone()).await {
+                tracing::error!(error = %e, "coordination stopped: no assignment changes will be applied");
+                shared.update(|s| s.last_error = Some(e.to_string()));
+            }
+        });
     }
     {
         let shared = shared.clone();
@@ -69,6 +94,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             shared.stop();
         });
     }
+    let opts_coordination = opts.coordination.clone();
     let engine_shared = shared.clone();
     // The engine is synchronous (librdkafka and RocksDB calls block); it gets its own
     // thread. A panic there poisons the status mutex, which /healthz then reports.
@@ -88,6 +114,15 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         shared.update(|s| {
             s.state = "Failed".into();
             s.last_error = Some(e.to_string());
+        });
+    }
+    if let Some(cfg) = &opts_coordination {
+        let _ = rt.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(3),
+                coord::final_report(cfg, &shared),
+            )
+            .await
         });
     }
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

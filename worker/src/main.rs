@@ -58,6 +58,15 @@ struct RunArgs {
     /// Memory for RocksDB block cache and memtables, all tasks together (MiB).
     #[arg(long, default_value_t = 256)]
     memory_mib: usize,
+    /// Run the tasks the operator assigns in this ConfigMap (set by the operator in the
+    /// StatefulSet) instead of `--instance`/`--instances`. Needs POD_NAME, POD_NAMESPACE
+    /// and OXBOW_STREAMAPP, and writes this pod's entry in the StreamApp's status.
+    #[arg(long, env = "OXBOW_ASSIGNMENT_CONFIGMAP")]
+    assignment_configmap: Option<String>,
+    /// Standalone: every instance's HTTP address (`host:port`), in instance order, so a
+    /// query for a key another instance owns is forwarded there.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,12 +101,31 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|p| p.rsplit_once('-').and_then(|(_, n)| n.parse::<u32>().ok()));
     let instance = a.instance.or(from_pod).unwrap_or(0);
+    let coordination = match &a.assignment_configmap {
+        None => None,
+        Some(cm) => {
+            let var = |name: &str| {
+                std::env::var(name).map_err(|_| {
+                    anyhow::anyhow!("failed to start coordinated: --assignment-configmap needs the environment variable {name}")
+                })
+            };
+            Some(oxbow_worker::coord::CoordConfig {
+                namespace: var("POD_NAMESPACE")?,
+                app: var("OXBOW_STREAMAPP")?,
+                pod: var("POD_NAME")?,
+                config_map: cm.clone(),
+                address: a.listen.to_string(),
+            })
+        }
+    };
     let opts = oxbow_worker::RunOptions {
         state_dir: a.state_dir,
         instance,
         instances: a.instances,
         memory_budget: a.memory_mib << 20,
         instance_from_pod_name: a.instance.is_none() && from_pod.is_some(),
+        peers: a.peers,
+        coordination,
     };
     tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
     oxbow_worker::run(app, opts, Some(a.listen))

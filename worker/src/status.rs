@@ -3,8 +3,8 @@
 //! holding the lock, the mutex is poisoned and readers report the worker as failed
 //! rather than serving a half-written status.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use oxbow_crds::TaskId;
@@ -56,8 +56,12 @@ pub struct TaskStatus {
     pub state: TaskState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreProgress>,
+    /// Source records not yet processed (active tasks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lag: Option<i64>,
+    /// Changelog records the local state is behind (standbys; restoring actives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_lag: Option<i64>,
     /// Next source offset per topic.
     pub positions: BTreeMap<String, i64>,
     pub processed: u64,
@@ -79,6 +83,7 @@ impl TaskStatus {
             state: TaskState::Starting,
             restore: None,
             lag: None,
+            state_lag: None,
             positions: BTreeMap::new(),
             processed: 0,
             dead_letters: 0,
@@ -99,6 +104,8 @@ pub struct WorkerStatus {
     pub guarantee: String,
     /// Starting, Restoring, Running, Stopping or Failed.
     pub state: String,
+    /// The assignment generation applied (0 standalone).
+    pub generation: i64,
     pub tasks: Vec<TaskStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -119,8 +126,23 @@ pub struct Routing {
     pub addresses: BTreeMap<String, String>,
 }
 
+/// The tasks this worker should hold, from the operator's assignment (or the standalone
+/// rule). Written by the coordinator, applied by the engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub generation: i64,
+    pub active: BTreeSet<TaskId>,
+    pub standby: BTreeSet<TaskId>,
+    /// Active tasks another live pod still reports as its own: started only once it
+    /// lets go (or after a hand-over timeout, when fencing must do). Meanwhile they are
+    /// kept warm as standbys.
+    pub held_elsewhere: BTreeSet<TaskId>,
+}
+
 #[derive(Default)]
 pub struct Shared {
+    desired: Mutex<Option<Desired>>,
+    desired_version: AtomicU64,
     status: Mutex<WorkerStatus>,
     stop: AtomicBool,
     /// The open state of every task on this worker (active or standby), for queries.
@@ -163,6 +185,35 @@ impl Shared {
                     .filter(|t| t.role == Role::Active)
                     .all(|t| t.state == TaskState::Running)
         })
+    }
+    /// Publishes what the worker should hold; the engine picks it up in its loop.
+    pub fn set_desired(&self, d: Desired) {
+        if let Ok(mut cur) = self.desired.lock()
+            && cur.as_ref() != Some(&d)
+        {
+            *cur = Some(d);
+            self.desired_version.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    /// The desired state if it changed since `seen` (which is updated).
+    pub fn desired_since(&self, seen: &mut u64) -> Option<Desired> {
+        let v = self.desired_version.load(Ordering::SeqCst);
+        if v == *seen {
+            return None;
+        }
+        *seen = v;
+        self.desired.lock().ok().and_then(|d| d.clone())
+    }
+    /// Adds or replaces a task's entry.
+    pub fn put_task(&self, t: TaskStatus) {
+        self.update(|s| {
+            s.tasks.retain(|x| x.task != t.task);
+            s.tasks.push(t);
+            s.tasks.sort_by_key(|x| x.task);
+        });
+    }
+    pub fn remove_task(&self, task: u32) {
+        self.update(|s| s.tasks.retain(|x| x.task != task));
     }
     /// The open store of a task, if this worker holds it.
     pub fn db(&self, task: TaskId) -> Option<Arc<TaskDb>> {

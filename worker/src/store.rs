@@ -265,26 +265,26 @@ impl TaskDb {
     }
 
     /// Empties a store (its local copy cannot be trusted) and forgets its checkpoint.
-    pub fn wipe(&mut self, store: &StoreName) -> Result<(), StoreError> {
-        let name = cf_name(store);
+    ///
+    /// By deletes in batches rather than dropping the column family: the store may be
+    /// shared with query readers (`Arc<TaskDb>`), and a wipe is rare (a recreated
+    /// changelog topic), so its cost does not matter.
+    pub fn wipe(&self, store: &StoreName) -> Result<(), StoreError> {
         let write = |source| StoreError::Write {
             task: self.task,
             source,
         };
-        self.db.drop_cf(&name).map_err(write)?;
-        self.db
-            .create_cf(&name, &self.memory.options())
-            .map_err(|source| StoreError::Write {
-                task: self.task,
-                source,
-            })?;
-        let meta = self.meta()?;
-        self.db
-            .delete_cf(meta, format!("changelog/{store}"))
-            .map_err(|source| StoreError::Write {
-                task: self.task,
-                source,
-            })
+        let cf = self.cf(store)?;
+        let mut batch = WriteBatch::default();
+        for item in self.db.iterator_cf(cf, rocksdb::IteratorMode::Start) {
+            let (k, _) = item.map_err(|source| self.read_error(store, source))?;
+            batch.delete_cf(cf, k);
+            if batch.len() >= 10_000 {
+                self.db.write(std::mem::take(&mut batch)).map_err(write)?;
+            }
+        }
+        batch.delete_cf(self.meta()?, format!("changelog/{store}"));
+        self.db.write(batch).map_err(write)
     }
 
     /// Writes sorted entries into an SST file and ingests it: how an empty store is
@@ -364,6 +364,61 @@ impl TaskDb {
     }
 }
 
+/// Key/value pairs of a store, in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Reads for interactive queries (`crate::query`). They see the committed state only
+/// (the overlay never reaches RocksDB before its commit), and they block: callers run
+/// them on the blocking pool.
+impl TaskDb {
+    /// The entries of a store with keys in `[from, to)` (`to: None`: to the end), in key
+    /// order, at most `limit` of them.
+    pub fn range(
+        &self,
+        store: &StoreName,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        let mut out = Vec::new();
+        let mode = rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward);
+        for item in self.db.iterator_cf(self.cf(store)?, mode) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(|source| self.read_error(store, source))?;
+            if to.is_some_and(|to| &*k >= to) {
+                break;
+            }
+            out.push((k.into_vec(), v.into_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The entries of a store whose keys start with `prefix`, in key order, at most
+    /// `limit` of them.
+    pub fn prefixed(
+        &self,
+        store: &StoreName,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        let mut out = Vec::new();
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        for item in self.db.iterator_cf(self.cf(store)?, mode) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(|source| self.read_error(store, source))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k.into_vec(), v.into_vec()));
+        }
+        Ok(out)
+    }
+}
+
 fn cf_name(store: &StoreName) -> String {
     format!("store.{store}")
 }
@@ -408,7 +463,7 @@ mod tests {
         let dir = tmp("ingest");
         let mem = SharedMemory::new(8 << 20);
         let s = StoreName("s".into());
-        let mut db = TaskDb::open(&dir, TaskId(1), std::slice::from_ref(&s), &mem).expect("open");
+        let db = TaskDb::open(&dir, TaskId(1), std::slice::from_ref(&s), &mem).expect("open");
         let first = BTreeMap::from([
             (b"a".to_vec(), Some(b"1".to_vec())),
             (b"b".to_vec(), Some(b"2".to_vec())),

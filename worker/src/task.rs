@@ -4,6 +4,7 @@
 //! sends what this returns.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use oxbow_crds::{ErrorPolicy, RecordFormat, TaskId};
@@ -65,7 +66,8 @@ pub struct Commit {
 
 pub struct Task {
     pub id: TaskId,
-    pub db: TaskDb,
+    /// Shared with query readers; only the engine writes.
+    pub db: Arc<TaskDb>,
     overlay: Overlay,
     processors: Vec<Box<dyn Processor>>,
     /// Next offset per source topic.
@@ -76,7 +78,7 @@ pub struct Task {
 }
 
 impl Task {
-    pub fn new(id: TaskId, db: TaskDb, processors: Vec<Box<dyn Processor>>) -> Self {
+    pub fn new(id: TaskId, db: Arc<TaskDb>, processors: Vec<Box<dyn Processor>>) -> Self {
         Self {
             id,
             db,

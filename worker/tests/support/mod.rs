@@ -235,7 +235,7 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
     out
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -264,6 +264,11 @@ pub struct WorkerBuilder {
     pub state_dir: PathBuf,
     pub instance: u32,
     pub instances: u32,
+    /// The HTTP port; default: a free one picked at spawn. Set it when other workers
+    /// must know the address beforehand (`--peers`).
+    pub port: Option<u16>,
+    /// More `oxbow-worker run` flags.
+    pub extra_args: Vec<String>,
 }
 
 pub struct Worker {
@@ -286,6 +291,8 @@ impl WorkerBuilder {
             state_dir: state_dir.to_path_buf(),
             instance: 0,
             instances: 1,
+            port: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -306,7 +313,7 @@ impl WorkerBuilder {
             .to_path_buf();
         let cfg = dir.join(format!("app-{}.yaml", self.instance));
         std::fs::write(&cfg, &self.manifest).unwrap();
-        let port = free_port();
+        let port = self.port.unwrap_or_else(free_port);
         static RUN: AtomicU32 = AtomicU32::new(0);
         let log = dir.join(format!(
             "worker-{}-{}.log",
@@ -331,6 +338,7 @@ impl WorkerBuilder {
                 "--memory-mib",
                 "64",
             ])
+            .args(&self.extra_args)
             .env(
                 "RUST_LOG",
                 std::env::var("OXBOW_TEST_LOG").unwrap_or_else(|_| "info,librdkafka=warn".into()),

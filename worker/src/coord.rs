@@ -1,0 +1,428 @@
+//! Coordination with the operator (pods only): watches the assignment ConfigMap and
+//! the StreamApp, turns them into this worker's [`Desired`] tasks and query routing, and
+//! writes this pod's own `status.instances[]` entry.
+//!
+//! Owns every Kubernetes call of the worker. It must not touch state or Kafka: the
+//! engine applies what this module publishes in [`Shared`]. The decisions are pure
+//! functions ([`desired_for`], [`instance_entry`]) from facts already read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
+use oxbow_crds::{InstanceStatus, StreamApp, TaskId};
+
+use crate::status::{Desired, Role, Routing, Shared, TaskState, WorkerStatus};
+
+/// Where this worker sits: from the pod's environment.
+#[derive(Debug, Clone)]
+pub struct CoordConfig {
+    pub namespace: String,
+    pub app: String,
+    pub pod: String,
+    pub config_map: String,
+    /// `host:port` of this pod's HTTP server, for routed queries.
+    pub address: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("failed to create the Kubernetes client: {0}")]
+    Client(kube::Error),
+    #[error("failed to write this pod's status entry: {0}")]
+    WriteStatus(kube::Error),
+    #[error("failed to encode this pod's status entry: {0}")]
+    Encode(serde_json::Error),
+}
+
+/// How often the entry is rewritten while nothing changes: the operator reads its
+/// `updatedAt` as a heartbeat (failover of a silent pod).
+const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Changes are written at most this often (a restore's progress changes constantly).
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// This worker's tasks from the published assignment and the pods' reports.
+///
+/// An active task that another *listed* pod still reports as active is held back
+/// (`held_elsewhere`): its previous owner has not acknowledged releasing it. A pod that
+/// is gone is not listed, so its tasks start at once.
+pub fn desired_for(me: &str, a: &Assignment, instances: &[InstanceStatus]) -> Desired {
+    let mut d = Desired {
+        generation: a.generation,
+        ..Default::default()
+    };
+    for (t, p) in &a.tasks {
+        if p.active == me {
+            d.active.insert(*t);
+        } else if p.standbys.iter().any(|s| s == me) {
+            d.standby.insert(*t);
+        }
+    }
+    for i in instances {
+        if i.pod == me || !a.pods.contains(&i.pod) {
+            continue;
+        }
+        for t in &i.active_tasks {
+            if let Ok(t) = u32::try_from(*t)
+                && d.active.contains(&TaskId(t))
+            {
+                d.held_elsewhere.insert(TaskId(t));
+            }
+        }
+    }
+    d
+}
+
+/// This pod's status entry from the worker's own status.
+pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceStatus {
+    let ids = |role: Role| -> Vec<i32> {
+        s.tasks
+            .iter()
+            .filter(|t| t.role == role)
+            .map(|t| t.task as i32)
+            .collect()
+    };
+    let restoring: Vec<_> = s
+        .tasks
+        .iter()
+        .filter(|t| t.role == Role::Active && t.state == TaskState::Restoring)
+        .filter_map(|t| t.restore.as_ref())
+        .collect();
+    let failed: Vec<String> = s
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Failed)
+        .map(|t| {
+            format!(
+                "task {}: {}",
+                t.task,
+                t.last_error.clone().unwrap_or_default()
+            )
+        })
+        .collect();
+    let state = if !failed.is_empty() {
+        "Failed".to_string()
+    } else {
+        s.state.clone()
+    };
+    let state_lag: BTreeMap<String, i64> = s
+        .tasks
+        .iter()
+        .filter_map(|t| {
+            let lag = match (t.role, t.state) {
+                (Role::Active, TaskState::Running) => Some(0),
+                (Role::Active, _) => t.restore.as_ref().map(|r| r.remaining as i64),
+                (Role::Standby, _) => t.state_lag,
+            }?;
+            Some((t.task.to_string(), lag))
+        })
+        .collect();
+    let sum = |f: &dyn Fn(&crate::status::RestoreProgress) -> i64| -> Option<i64> {
+        (!restoring.is_empty()).then(|| restoring.iter().map(|r| f(r)).sum())
+    };
+    InstanceStatus {
+        pod: pod.to_string(),
+        state: Some(state),
+        address: Some(address.to_string()),
+        active_tasks: ids(Role::Active),
+        standby_tasks: ids(Role::Standby),
+        restore_remaining: sum(&|r| r.remaining as i64),
+        restored: sum(&|r| (r.restored + r.skipped) as i64),
+        restore_total: sum(&|r| r.total as i64),
+        restore_rate: sum(&|r| r.records_per_second as i64),
+        lag: Some(
+            s.tasks
+                .iter()
+                .filter(|t| t.role == Role::Active)
+                .filter_map(|t| t.lag)
+                .sum(),
+        ),
+        state_lag,
+        assignment_generation: Some(s.generation),
+        last_error: s.last_error.clone().or_else(|| failed.first().cloned()),
+        updated_at: None,
+    }
+}
+
+/// Watches the assignment and the StreamApp; publishes desired tasks and routing.
+pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(CoordError::Client)?;
+    tokio::spawn(write_status_loop(
+        client.clone(),
+        cfg.clone(),
+        shared.clone(),
+    ));
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &cfg.namespace);
+    let apps: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
+    // The Role grants list/watch on these names only: the watches select by name.
+    let cm_events = watcher(
+        cms,
+        watcher::Config::default().fields(&format!("metadata.name={}", cfg.config_map)),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|r| r.map(|cm| Fact::Assignment(Box::new(cm))));
+    let app_events = watcher(
+        apps,
+        watcher::Config::default().fields(&format!("metadata.name={}", cfg.app)),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|r| r.map(|a: StreamApp| Fact::Instances(a.status.unwrap_or_default().instances)));
+    let mut events = std::pin::pin!(futures::stream::select(cm_events, app_events));
+    let mut assignment: Option<Assignment> = None;
+    let mut instances: Vec<InstanceStatus> = Vec::new();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Fact::Assignment(cm)) => {
+                let raw = cm.data.as_ref().and_then(|d| d.get(CONFIG_MAP_KEY));
+                match raw.map(|r| serde_json::from_str::<Assignment>(r)) {
+                    Some(Ok(a)) => assignment = Some(a),
+                    Some(Err(e)) => {
+                        tracing::error!(configmap = %cfg.config_map, error = %e, "failed to parse the assignment: keeping the previous one")
+                    }
+                    None => {
+                        tracing::warn!(configmap = %cfg.config_map, key = CONFIG_MAP_KEY, "the assignment ConfigMap has no assignment yet")
+                    }
+                }
+            }
+            Ok(Fact::Instances(i)) => instances = i,
+            Err(e) => {
+                tracing::warn!(error = %e, "watch error (retrying)");
+                continue;
+            }
+        }
+        let Some(a) = &assignment else { continue };
+        shared.set_desired(desired_for(&cfg.pod, a, &instances));
+        let addresses = instances
+            .iter()
+            .filter_map(|i| Some((i.pod.clone(), i.address.clone()?)))
+            .chain([(cfg.pod.clone(), cfg.address.clone())])
+            .collect();
+        if let Ok(mut r) = shared.routing.write() {
+            *r = Routing {
+                me: cfg.pod.clone(),
+                task_count: r.task_count,
+                generation: a.generation,
+                placements: a.tasks.clone(),
+                addresses,
+            };
+        }
+    }
+    Ok(())
+}
+
+enum Fact {
+    Assignment(Box<ConfigMap>),
+    Instances(Vec<InstanceStatus>),
+}
+
+/// Writes this pod's entry on every change (at most once a second) and as a heartbeat.
+async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<Shared>) {
+    let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
+    let mut last: Option<(InstanceStatus, Instant)> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(s) = shared.snapshot() else {
+            continue;
+        };
+        let entry = instance_entry(&cfg.pod, &cfg.address, &s);
+        let due = match &last {
+            None => true,
+            Some((prev, at)) => {
+                (prev != &entry && at.elapsed() >= MIN_INTERVAL) || at.elapsed() >= HEARTBEAT
+            }
+        };
+        if !due {
+            continue;
+        }
+        match write_entry(&api, &cfg, entry.clone()).await {
+            Ok(()) => last = Some((entry, Instant::now())),
+            Err(e) => tracing::warn!(error = %e, "status entry not written (retrying)"),
+        }
+    }
+}
+
+/// Server-side applies this pod's entry under its own field manager: the list is a map
+/// keyed by `pod`, so each pod owns exactly its entry and the operator none of them.
+pub async fn write_entry(
+    api: &Api<StreamApp>,
+    cfg: &CoordConfig,
+    mut entry: InstanceStatus,
+) -> Result<(), CoordError> {
+    entry.updated_at = Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let patch = serde_json::json!({
+        "apiVersion": "oxbow.dev/v1alpha1",
+        "kind": "StreamApp",
+        "metadata": {"name": cfg.app},
+        "status": {"instances": [serde_json::to_value(&entry).map_err(CoordError::Encode)?]},
+    });
+    api.patch_status(
+        &cfg.app,
+        &PatchParams::apply(&format!("oxbow-worker-{}", cfg.pod)).force(),
+        &Patch::Apply(patch),
+    )
+    .await
+    .map_err(CoordError::WriteStatus)?;
+    Ok(())
+}
+
+/// The last word before exiting: the entry with the final state (Stopping, Failed).
+pub async fn final_report(cfg: &CoordConfig, shared: &Shared) {
+    let Ok(client) = kube::Client::try_default().await else {
+        return;
+    };
+    let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
+    if let Some(s) = shared.snapshot() {
+        let entry = instance_entry(&cfg.pod, &cfg.address, &s);
+        if let Err(e) = write_entry(&api, cfg, entry).await {
+            tracing::warn!(error = %e, "final status entry not written");
+        }
+    }
+}
+
+/// The tasks a pod reports, as a set (for tests and logs).
+pub fn reported(i: &InstanceStatus) -> BTreeSet<i32> {
+    i.active_tasks.iter().copied().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::TaskStatus;
+    use oxbow_crds::assignment::TaskPlacement;
+
+    fn assignment(
+        generation: i64,
+        placements: &[(u32, &str, &[&str])],
+        pods: &[&str],
+    ) -> Assignment {
+        Assignment {
+            generation,
+            tasks: placements
+                .iter()
+                .map(|(t, a, s)| {
+                    (
+                        TaskId(*t),
+                        TaskPlacement {
+                            active: a.to_string(),
+                            standbys: s.iter().map(|x| x.to_string()).collect(),
+                        },
+                    )
+                })
+                .collect(),
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn report(pod: &str, active: &[i32]) -> InstanceStatus {
+        InstanceStatus {
+            pod: pod.into(),
+            active_tasks: active.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_still_reported_by_a_live_previous_owner_is_held_back() {
+        let a = assignment(
+            3,
+            &[
+                (0, "app-1", &["app-0"]),
+                (1, "app-1", &[]),
+                (2, "app-0", &["app-1"]),
+            ],
+            &["app-0", "app-1"],
+        );
+        let d = desired_for(
+            "app-1",
+            &a,
+            &[report("app-0", &[0, 2]), report("app-1", &[1])],
+        );
+        assert_eq!(d.active, BTreeSet::from([TaskId(0), TaskId(1)]));
+        assert_eq!(d.standby, BTreeSet::from([TaskId(2)]));
+        assert_eq!(
+            d.held_elsewhere,
+            BTreeSet::from([TaskId(0)]),
+            "app-0 has not released task 0 yet"
+        );
+        assert_eq!(d.generation, 3);
+    }
+
+    #[test]
+    fn a_gone_previous_owner_does_not_hold_a_task_back() {
+        let a = assignment(4, &[(0, "app-1", &[])], &["app-1"]);
+        let d = desired_for("app-1", &a, &[report("app-0", &[0])]);
+        assert!(
+            d.held_elsewhere.is_empty(),
+            "app-0 is not listed: it is gone"
+        );
+    }
+
+    #[test]
+    fn the_entry_reports_roles_restore_progress_and_state_lag() {
+        let mut active = TaskStatus::new(0);
+        active.state = TaskState::Restoring;
+        active.restore = Some(crate::status::RestoreProgress {
+            restored: 40,
+            total: 100,
+            remaining: 60,
+            records_per_second: 20.0,
+            ..Default::default()
+        });
+        let mut running = TaskStatus::new(1);
+        running.state = TaskState::Running;
+        running.lag = Some(7);
+        let mut standby = TaskStatus::new(2);
+        standby.role = Role::Standby;
+        standby.state = TaskState::Running;
+        standby.state_lag = Some(5);
+        let s = WorkerStatus {
+            state: "Restoring".into(),
+            generation: 9,
+            tasks: vec![active, running, standby],
+            ..Default::default()
+        };
+        let e = instance_entry("app-0", "127.0.1.2:8080", &s);
+        assert_eq!(e.active_tasks, vec![0, 1]);
+        assert_eq!(e.standby_tasks, vec![2]);
+        assert_eq!(
+            (
+                e.restored,
+                e.restore_total,
+                e.restore_remaining,
+                e.restore_rate
+            ),
+            (Some(40), Some(100), Some(60), Some(20))
+        );
+        assert_eq!(e.lag, Some(7));
+        assert_eq!(
+            e.state_lag,
+            BTreeMap::from([("0".into(), 60), ("1".into(), 0), ("2".into(), 5)])
+        );
+        assert_eq!(e.assignment_generation, Some(9));
+        assert_eq!(e.state.as_deref(), Some("Restoring"));
+    }
+
+    #[test]
+    fn a_failed_task_makes_the_entry_failed_with_its_error() {
+        let mut t = TaskStatus::new(3);
+        t.state = TaskState::Failed;
+        t.last_error = Some("step map: boom".into());
+        let s = WorkerStatus {
+            state: "Running".into(),
+            tasks: vec![t],
+            ..Default::default()
+        };
+        let e = instance_entry("app-0", "a:1", &s);
+        assert_eq!(e.state.as_deref(), Some("Failed"));
+        assert_eq!(e.last_error.as_deref(), Some("task 3: step map: boom"));
+    }
+}
