@@ -382,13 +382,22 @@ async fn reconcile_topics(
 }
 
 /// `sts_replicas`: the size the StatefulSet should have (above `spec.replicas` while
-/// pods drain).
-fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>, sts_replicas: i32) -> WorkloadFacts {
+/// pods drain); `pods`: the worker pods that exist.
+fn workload_facts(
+    app: &StreamApp,
+    sts: Option<&StatefulSet>,
+    sts_replicas: i32,
+    pods: &[placement::PodObservation],
+) -> WorkloadFacts {
     let draining = (sts_replicas - app.spec.replicas).max(0);
+    // The StatefulSet's status may still count a pod it is removing as ready.
+    let stopping = pods.iter().filter(|p| p.ordinal >= sts_replicas).count();
+    let stopping = i32::try_from(stopping).unwrap_or(i32::MAX);
     let Some(sts) = sts else {
         return WorkloadFacts {
             want_replicas: app.spec.replicas,
             draining,
+            stopping,
             ..Default::default()
         };
     };
@@ -406,6 +415,7 @@ fn workload_facts(app: &StreamApp, sts: Option<&StatefulSet>, sts_replicas: i32)
         updated_replicas: st.updated_replicas.unwrap_or(0),
         rolled_out: generation_seen && revisions_match && spec_replicas == sts_replicas,
         draining,
+        stopping,
     }
 }
 
@@ -634,7 +644,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             what: "StatefulSet".into(),
             source,
         })?;
-    let workload = workload_facts(app, sts.as_ref(), sts_replicas);
+    let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed);
     let live: Vec<&str> = observed
         .iter()
         .filter(|p| !p.terminating)

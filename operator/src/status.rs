@@ -71,6 +71,8 @@ pub struct WorkloadFacts {
     pub rolled_out: bool,
     /// Pods above `want_replicas` kept while they hand their tasks over (scale-in).
     pub draining: i32,
+    /// Pods above the StatefulSet's size that still exist (stopping after a scale-in).
+    pub stopping: i32,
 }
 
 pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
@@ -92,6 +94,15 @@ pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
             format!(
                 "scaling in to {}: {} pods above it keep running their tasks until the pods taking them over have warmed up",
                 w.want_replicas, w.draining
+            ),
+        );
+    }
+    if w.stopping > 0 {
+        return Verdict::waiting(
+            "ScalingIn",
+            format!(
+                "scaling in to {}: {} pods above it are stopping",
+                w.want_replicas, w.stopping
             ),
         );
     }
@@ -455,6 +466,7 @@ mod tests {
             updated_replicas: 3,
             rolled_out: true,
             draining: 0,
+            stopping: 0,
         });
         let (cs, phase) = conditions(&input(&[], Verdict::ok("TopicsReady", ""), w));
         assert_eq!(get(&cs, READY).status, "False");
@@ -714,6 +726,7 @@ mod tests {
             updated_replicas: 4,
             rolled_out: true,
             draining: 2,
+            stopping: 0,
         });
         assert_eq!(w.reason, "Draining");
         assert!(!w.ok && !w.stalled);
@@ -721,6 +734,21 @@ mod tests {
             w.message.starts_with("scaling in to 2: 2 pods above it"),
             "{}",
             w.message
+        );
+        let w = workload_verdict(&WorkloadFacts {
+            exists: true,
+            want_replicas: 2,
+            replicas: 2,
+            ready_replicas: 3,
+            updated_replicas: 3,
+            rolled_out: true,
+            draining: 0,
+            stopping: 1,
+        });
+        assert_eq!(
+            (w.reason.as_str(), w.ok),
+            ("ScalingIn", false),
+            "not Ready while a removed pod still runs"
         );
     }
 }
