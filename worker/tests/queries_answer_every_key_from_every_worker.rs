@@ -1,7 +1,8 @@
 //! Interactive queries across two standalone workers (`--peers`) over a 4-partition
 //! topic: every key is answered, with the right value, by both workers (one reads it,
 //! the other forwards to it); windows, ranges with paging, a store keyed by something
-//! else than the source key (scatter), and the 404s.
+//! else than the source key (scatter), the 404s and 400s, and the 503 of an owner that
+//! is gone.
 //!
 //! The records are produced by librdkafka's `murmur2_random` partitioner and the workers
 //! route with their own murmur2: a key answered by the task the test computes proves
@@ -296,6 +297,32 @@ fn every_key_is_answered_correctly_by_every_worker() {
     assert!(v["error"].as_str().unwrap().contains("limit"), "{v}");
     let (code, v) = get(addrs[0], "/v1/stores/totals/keys/user-001/windows");
     assert_eq!(code, 400, "an unwindowed store has no windows: {v}");
+
+    // An owner that is gone: 503 naming it, for a key and for a range.
+    let mut workers = workers;
+    if let Some(w1) = workers.pop() {
+        w1.kill9();
+    }
+    let theirs = exp
+        .totals
+        .keys()
+        .find(|k| partition_for(Partitioner::Murmur2, k.as_bytes(), 4).is_some_and(|t| t % 2 == 1))
+        .unwrap();
+    let (code, v) = get(
+        addrs[0],
+        &format!("/v1/stores/totals/keys/{}", encode(theirs)),
+    );
+    assert_eq!(code, 503, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("failed to reach instance-1"),
+        "{v}"
+    );
+    let (code, v) = get(addrs[0], "/v1/stores/totals/range");
+    assert_eq!(code, 503, "{v}");
+    assert_eq!(v["missingTasks"], json!([1, 3]), "{v}");
 
     for w in workers {
         w.stop();
