@@ -1836,6 +1836,42 @@ mod tests {
     }
 
     #[test]
+    fn only_stores_keyed_by_the_untouched_source_key_route_by_partitioner() {
+        let text = r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {name: cat}
+spec:
+  kafka: {bootstrapServers: "127.0.0.1:1"}
+  source: {topics: [in], partitioner: crc32}
+  steps:
+  - dedupe: {store: seen, id: key, within: 1h}
+  - aggregate: {store: by-key, groupBy: key, window: {tumbling: 1m}, fields: {n: {count: {}}}}
+  - aggregate: {store: by-colour, groupBy: value.colour, fields: {n: {count: {}}}}
+  - aggregate: {store: rekeyed, groupBy: key, fields: {n: {count: {}}}}
+"#;
+        let m =
+            crate::config::parse_manifest(std::path::Path::new("t.yaml"), text).expect("manifest");
+        let app = App::from_manifest(m, BTreeMap::new()).expect("app");
+        let c = Catalog::from_app(&app);
+        assert_eq!(c.partitioner, Partitioner::Crc32);
+        let by_key = |s: &str| c.stores.get(s).map(|i| i.by_source_key);
+        assert_eq!(by_key("seen"), Some(true));
+        assert_eq!(by_key("by-key"), Some(true));
+        assert_eq!(by_key("by-colour"), Some(false));
+        assert_eq!(
+            by_key("rekeyed"),
+            Some(false),
+            "after an aggregate by colour the key is the colour"
+        );
+        assert!(matches!(
+            c.stores.get("by-key").map(|i| &i.layout),
+            Some(Layout::Aggregate { rules: Some(_), fields }) if fields == &["n".to_string()]
+        ));
+        assert_eq!(c.known(), "known stores: by-colour, by-key, rekeyed, seen");
+    }
+
+    #[test]
     fn keys_survive_percent_encoding_round_trips() {
         for k in ["plain", "a/b c", "ünï", "%2F", ""] {
             assert_eq!(decode_segment(&encode(k)).as_deref(), Ok(k));
