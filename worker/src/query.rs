@@ -1246,7 +1246,12 @@ impl Queries {
                 }
             }
         }
-        let query = format!("{}&limit={want}&local=true", params.query(None, false));
+        // The owners read `limit + 1` per task themselves.
+        let query = format!(
+            "{}&limit={}&local=true",
+            params.query(None, false),
+            params.limit
+        );
         let path = format!("/v1/stores/{}/range", encode(&store));
         let remote = futures::future::join_all(owners.iter().map(|(pod, addr)| {
             let url = format!("http://{addr}{path}?{query}");

@@ -247,6 +247,14 @@ fn every_key_is_answered_correctly_by_every_worker() {
     }
     let want: Vec<String> = exp.totals.keys().cloned().collect();
     assert_eq!(seen, want, "every key once, in key order");
+    let (code, v) = get(addrs[0], "/v1/stores/totals/range?limit=10000");
+    assert_eq!(code, 200, "the largest page: {v}");
+    assert_eq!(
+        v["entries"].as_array().map(Vec::len),
+        Some(want.len()),
+        "{v}"
+    );
+    assert_eq!(v["next"], Value::Null, "{v}");
     let (code, v) = get(
         addrs[0],
         "/v1/stores/totals/range?from=user-050&to=user-060",
