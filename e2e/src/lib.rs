@@ -1,2 +1,3 @@
 pub mod harness;
 pub mod node;
+pub mod streams;

@@ -87,6 +87,10 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error("failed to create topic {topic}: {message}")]
     CreateTopic { topic: String, message: String },
+    #[error(
+        "failed to find the sink topic {0}: it does not exist (create it; Oxbow never creates or deletes sink topics)"
+    )]
+    SinkMissing(String),
     #[error("failed to initialise task {task}: {message}")]
     Init { task: TaskId, message: String },
 }
@@ -364,6 +368,18 @@ impl Engine {
             .flat_map(|f| f(TaskId(0)).stores())
             .collect();
         ensure_topics(&app, &consumer, task_count, &all_stores)?;
+        // The sink belongs to the user (never created here): without this check a
+        // missing one shows only as a delivery timeout at the first commit.
+        if let Some(sink) = &spec.sink {
+            let md = consumer
+                .fetch_metadata(Some(&sink.topic), KAFKA_TIMEOUT)
+                .map_err(EngineError::Metadata)?;
+            if !md.topics().iter().any(|t| {
+                t.name() == sink.topic && t.error().is_none() && !t.partitions().is_empty()
+            }) {
+                return Err(EngineError::SinkMissing(sink.topic.clone()));
+            }
+        }
         let changelogs = all_stores
             .iter()
             .map(|s| (changelog_topic(&app.application_id, s), s.clone()))

@@ -1,0 +1,216 @@
+//! Fixtures for suites that run the real worker as pods under the operator: a StreamApp
+//! builder with a keyed running count, keyed input, the committed output and the check
+//! that exactly-once output is exact (per key the running counts are 1, 2, … n, each
+//! once).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::harness::kafka_bootstrap;
+
+/// A StreamApp that counts records per key (`groupBy: key`, so a key's state lives in
+/// the task of its source partition and queries can route by key) and sums `amount`.
+#[derive(Debug, Clone)]
+pub struct CountingApp {
+    pub name: String,
+    pub source: String,
+    pub replicas: i32,
+    pub standbys: i32,
+    pub guarantee: &'static str,
+    pub commit_interval: &'static str,
+}
+
+impl CountingApp {
+    pub fn new(name: &str, source: &str) -> Self {
+        Self {
+            name: name.into(),
+            source: source.into(),
+            replicas: 3,
+            standbys: 1,
+            guarantee: "exactly_once",
+            commit_interval: "200ms",
+        }
+    }
+    pub fn replicas(mut self, n: i32) -> Self {
+        self.replicas = n;
+        self
+    }
+    pub fn standbys(mut self, n: i32) -> Self {
+        self.standbys = n;
+        self
+    }
+    pub fn sink(&self) -> String {
+        format!("{}-out", self.name)
+    }
+    pub fn manifest(&self) -> String {
+        format!(
+            r#"apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata:
+  name: {name}
+spec:
+  replicas: {replicas}
+  standbyReplicas: {standbys}
+  image: oxbow-worker:test
+  processingGuarantee: {guarantee}
+  commitInterval: {interval}
+  kafka:
+    bootstrapServers: "{bootstrap}"
+  source:
+    topics: [{source}]
+  steps:
+  - aggregate:
+      store: totals
+      groupBy: key
+      fields: {{count: {{count: {{}}}}, sum: {{sum: value.amount}}}}
+  sink: {{topic: {name}-out}}
+  storage: {{size: 1Gi}}
+  deletionPolicy: {{topics: Delete, volumes: Delete, consumerGroup: Delete}}
+"#,
+            name = self.name,
+            replicas = self.replicas,
+            standbys = self.standbys,
+            guarantee = self.guarantee,
+            interval = self.commit_interval,
+            bootstrap = kafka_bootstrap(),
+            source = self.source,
+        )
+    }
+}
+
+fn producer() -> ThreadedProducer<DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        // Java's partitioner: the same one query routing uses.
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
+/// `per_key` records `{"amount": amount}` for each key, interleaved across keys.
+pub fn produce(topic: &str, keys: &[String], per_key: usize, amount: i64) {
+    let p = producer();
+    for _ in 0..per_key {
+        for k in keys {
+            let v = format!("{{\"amount\":{amount}}}");
+            let mut rec = BaseRecord::to(topic).key(k.as_str()).payload(v.as_str());
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((_, r)) => {
+                        rec = r;
+                        p.poll(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+    }
+    p.flush(Duration::from_secs(30)).expect("flush input");
+}
+
+/// Every record of `topic` visible to a read_committed consumer: (key, JSON value).
+pub fn read_committed(topic: &str) -> Vec<(String, serde_json::Value)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", crate::harness::unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let parts = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..parts as i32 {
+        let (_, high) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        ends.insert(p, high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = c.position().ok().is_some_and(|pos| {
+            ends.iter().all(|(p, end)| {
+                pos.find_partition(topic, *p)
+                    .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *end))
+                    || *end == 0
+            })
+        });
+        if done || std::time::Instant::now() > deadline {
+            break;
+        }
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            let k = m
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_default();
+            let v = m
+                .payload()
+                .and_then(|v| serde_json::from_slice(v).ok())
+                .unwrap_or(serde_json::Value::Null);
+            out.push((k, v));
+        }
+    }
+    out
+}
+
+/// Exactly-once check of a running count: per key, the committed outputs' counts are
+/// exactly 1..=n in order. Returns n per key, or what is wrong.
+pub fn exact_running_counts(
+    outputs: &[(String, serde_json::Value)],
+) -> Result<BTreeMap<String, u64>, String> {
+    let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (k, v) in outputs {
+        let c = v["count"]
+            .as_u64()
+            .ok_or_else(|| format!("output for {k} has no count: {v}"))?;
+        seen.entry(k.clone()).or_default().push(c);
+    }
+    let mut out = BTreeMap::new();
+    for (k, counts) in seen {
+        let want: Vec<u64> = (1..=counts.len() as u64).collect();
+        if counts != want {
+            let dup = counts.windows(2).find(|w| w[1] != w[0] + 1);
+            return Err(format!(
+                "key {k}: counts are not 1..{} exactly once (first break: {dup:?}; {} outputs)",
+                counts.len(),
+                counts.len()
+            ));
+        }
+        out.insert(k, counts.len() as u64);
+    }
+    Ok(out)
+}
+
+/// GET `http://{addr}{path}`: status and body.
+pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let r = client
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .map_err(|e| format!("GET {addr}{path}: {e}"))?;
+    let code = r.status().as_u16();
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    Ok((code, body))
+}

@@ -1,0 +1,200 @@
+//! Three real worker pods under the operator: the published assignment gives each of 12
+//! tasks one active and one standby on different pods, every pod reports its own status
+//! entry acknowledging that generation, `kubectl wait --for=condition=Ready` returns, the
+//! output is exact, and every key is answered correctly from every pod (forwarded to its
+//! owner), and from a standby with `allowStale`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use oxbow_crds::StreamApp;
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
+use oxbow_e2e::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
+};
+use oxbow_e2e::streams::{CountingApp, exact_running_counts, http_get, produce, read_committed};
+
+#[tokio::test]
+async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_key() {
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "place").await;
+    let n = ns.name.as_str();
+    let source = unique("events");
+    kafka::create_topic(&source, 12).await;
+    let operator = OperatorProcess::start_with(n, &["--failover-timeout", "15s"]);
+    let app = CountingApp::new(&unique("count"), &source);
+    let name = app.name.clone();
+    kafka::create_topic(&app.sink(), 12).await;
+    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&app.manifest()));
+    assert!(ok, "apply: {err}");
+
+    let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
+    produce(&source, &keys, 50, 3);
+
+    let (ok, out, err) = kubectl(
+        &[
+            "wait",
+            "-n",
+            n,
+            "--for=condition=Ready",
+            &format!("streamapp/{name}"),
+            "--timeout=240s",
+        ],
+        None,
+    );
+    assert!(
+        ok,
+        "kubectl wait for Ready failed: {out}{err}\noperator log:\n{}",
+        operator.logs()
+    );
+
+    // The output is exact: per key the running counts 1..=50, once each.
+    let counts = wait_for(
+        "every record to be counted in the committed output",
+        Duration::from_secs(120),
+        || async {
+            let c = exact_running_counts(&read_committed(&app.sink()))?;
+            let done = c.values().filter(|n| **n == 50).count();
+            if done == keys.len() {
+                Ok(c)
+            } else {
+                Err(format!("{done}/{} keys complete", keys.len()))
+            }
+        },
+    )
+    .await;
+    assert_eq!(counts.len(), keys.len());
+
+    // The assignment: 12 actives, 12 standbys, never on the active's pod, all pods busy.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), n);
+    let cm = cms
+        .get(&format!("{name}-assignment"))
+        .await
+        .expect("assignment ConfigMap");
+    let a: Assignment = serde_json::from_str(
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get(CONFIG_MAP_KEY))
+            .expect("assignment key"),
+    )
+    .expect("assignment JSON");
+    assert_eq!(a.tasks.len(), 12, "{a:?}");
+    for (t, p) in &a.tasks {
+        assert_eq!(p.standbys.len(), 1, "task {t}: {p:?}");
+        assert_ne!(
+            p.standbys[0], p.active,
+            "task {t}: standby on the active's pod"
+        );
+    }
+    let actives: BTreeSet<&str> = a.tasks.values().map(|p| p.active.as_str()).collect();
+    assert_eq!(actives.len(), 3, "every pod runs actives: {a:?}");
+
+    // Every pod reports its own entry, acknowledging the published generation.
+    let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
+    let st = wait_for(
+        "three status entries at the published generation",
+        Duration::from_secs(60),
+        || async {
+            let s = api
+                .get(&name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let cur: Vec<_> = s
+                .instances
+                .iter()
+                .filter(|i| i.assignment_generation == Some(a.generation))
+                .collect();
+            if cur.len() == 3 {
+                Ok(s)
+            } else {
+                Err(format!("{:?}", s.instances))
+            }
+        },
+    )
+    .await;
+    let mut reported_active = BTreeMap::new();
+    for i in &st.instances {
+        for t in &i.active_tasks {
+            assert!(
+                reported_active.insert(*t, i.pod.clone()).is_none(),
+                "task {t} reported active twice"
+            );
+        }
+        assert_eq!(i.standby_tasks.len(), 4, "{}: {:?}", i.pod, i.standby_tasks);
+    }
+    assert_eq!(reported_active.len(), 12);
+    let (ok, table, _) = kubectl(&["get", "sapp", "-n", n, &name], None);
+    assert!(ok && table.contains("Running"), "{table}");
+
+    // Every key from every pod, forwarded to the owner when it is elsewhere.
+    let addresses: Vec<(String, String)> = st
+        .instances
+        .iter()
+        .map(|i| (i.pod.clone(), i.address.clone().expect("address")))
+        .collect();
+    for (pod, addr) in &addresses {
+        for k in &keys {
+            let (code, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
+                .await
+                .expect("query");
+            assert_eq!(code, 200, "{pod} for {k}: {body}");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON answer");
+            assert_eq!(v["value"]["count"], 50, "{pod} for {k}: {body}");
+            assert_eq!(v["value"]["sum"], 150, "{pod} for {k}: {body}");
+        }
+    }
+    // A standby answers with allowStale (once caught up) and says it is a standby.
+    let (t, placement) = a.tasks.iter().next().expect("a task");
+    let standby = &placement.standbys[0];
+    let addr = &addresses
+        .iter()
+        .find(|(p, _)| p == standby)
+        .expect("standby pod address")
+        .1;
+    let key = {
+        // A key of that task: ask the owner which task each key is in.
+        let mut found = None;
+        for k in &keys {
+            let (_, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
+                .await
+                .expect("query");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            if v["task"] == t.0 {
+                found = Some(k.clone());
+                break;
+            }
+        }
+        found.expect("some key lives in the first task")
+    };
+    wait_for(
+        "the standby to answer the key, caught up",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = http_get(
+                addr,
+                &format!("/v1/stores/totals/keys/{key}?allowStale=true"),
+            )
+            .await?;
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            if code == 200
+                && v["servedBy"] == standby.as_str()
+                && v["stale"] == true
+                && v["value"]["count"] == 50
+            {
+                Ok(())
+            } else {
+                Err(format!("{code} {body}"))
+            }
+        },
+    )
+    .await;
+
+    apps::delete_all(&api).await;
+    ns.delete().await;
+}
