@@ -653,9 +653,12 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let instances = status::current_instances(&live, &previous.instances);
     let (restoration, restored) = status::restoration(&instances);
     let tasks_verdict = status::tasks_verdict(in_force.as_ref(), &instances, app.spec.replicas);
-    // Placement is under way: a warm-up or balance step, or workers yet to acknowledge.
-    let placing =
-        plan.as_ref().is_some_and(|p| !p.settled) || tasks_verdict.reason == "AssignmentPending";
+    // Placement is under way: another step is due, or workers have yet to acknowledge.
+    // (No assignment at all waits for pods, which the pod watch reports.)
+    let placing = plan.as_ref().is_some_and(|p| !p.settled)
+        || in_force
+            .as_ref()
+            .is_some_and(|a| !status::unacknowledged(a, &instances).is_empty());
     let input = StatusInput {
         generation: app.metadata.generation,
         invalid: invalid.clone().or(apply_verdict.clone()),

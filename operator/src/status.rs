@@ -264,6 +264,18 @@ pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>,
     )
 }
 
+/// The current workers that report but have not acknowledged `a`'s generation yet.
+pub fn unacknowledged<'a>(
+    a: &Assignment,
+    instances: &[&'a InstanceStatus],
+) -> Vec<&'a InstanceStatus> {
+    instances
+        .iter()
+        .copied()
+        .filter(|i| i.assignment_generation.is_none_or(|g| g < a.generation))
+        .collect()
+}
+
 /// Whether the workers run what the operator assigned: no worker reports `Failed`, and
 /// every current worker that reports acknowledged the published generation. A worker
 /// that writes no status entry at all is not waited for (it cannot acknowledge).
@@ -295,9 +307,8 @@ pub fn tasks_verdict(
             "no task assignment yet: waiting for an eligible worker pod",
         );
     };
-    let behind: Vec<String> = instances
+    let behind: Vec<String> = unacknowledged(a, instances)
         .iter()
-        .filter(|i| i.assignment_generation.is_none_or(|g| g < a.generation))
         .map(|i| match i.assignment_generation {
             Some(g) => format!("{} (at {g})", i.pod),
             None => format!("{} (none yet)", i.pod),

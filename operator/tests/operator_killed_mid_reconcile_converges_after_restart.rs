@@ -79,8 +79,8 @@ async fn operator_killed_mid_reconcile_converges_without_duplicates() {
     let managed = ListParams::default().labels("app.kubernetes.io/managed-by=oxbow-operator");
     assert_eq!(
         cms.list(&managed).await.expect("list").items.len(),
-        names.len(),
-        "one ConfigMap per app"
+        2 * names.len(),
+        "two ConfigMaps per app: the config and the task assignment"
     );
     assert_eq!(
         svcs.list(&managed).await.expect("list").items.len(),

@@ -423,7 +423,7 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
         },
     )
     .await;
-    well_placed(&c, &staying.to_vec(), 1).expect("placed on the staying pods");
+    well_placed(&c, staying, 1).expect("placed on the staying pods");
     for p in staying {
         for t in actives_of(&a, p) {
             assert_eq!(
