@@ -153,12 +153,21 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
     let mut orphans = Vec::new();
     let mut draining = Vec::new();
     for t in (0..p.tasks).map(TaskId) {
+        // An active without a warm copy (restarted on an empty volume, or not reporting
+        // yet) gives way to a pod whose copy is warm: processing resumes there at once
+        // instead of waiting for a restore. It is the failover of a lost volume.
+        let cold_with_warm_alternative = |pod: &str| {
+            lag_on(pod, t).is_none_or(|l| l > p.warmup_max_lag)
+                && targets.iter().any(|f| {
+                    f.pod != pod && f.state_lag.get(&t).is_some_and(|l| *l <= p.warmup_max_lag)
+                })
+        };
         match prev_of(t).map(|tp| tp.active.clone()) {
-            Some(pod) if is_target(&pod) => {
+            Some(pod) if is_target(&pod) && !cold_with_warm_alternative(&pod) => {
                 *load.entry(pod.clone()).or_default() += 1;
                 active.insert(t, pod);
             }
-            Some(pod) if is_eligible(&pod) => {
+            Some(pod) if is_eligible(&pod) && !is_target(&pod) => {
                 active.insert(t, pod);
                 draining.push(t);
             }
@@ -537,6 +546,32 @@ mod tests {
 
     fn count(a: &Assignment, pod: &str) -> usize {
         a.tasks.values().filter(|t| t.active == pod).count()
+    }
+
+    #[test]
+    fn an_active_back_on_an_empty_volume_gives_way_to_its_warm_standby() {
+        let p = Params {
+            tasks: 6,
+            standby_replicas: 1,
+            warmup_max_lag: 100,
+        };
+        let a = next(None, &up(&["a", "b", "c"]), p);
+        let mut facts = up(&["a", "b", "c"]);
+        report(&a, &mut facts, 10);
+        // c was recreated with an empty volume: it reports no copy of anything.
+        facts[2].state_lag.clear();
+        let b = next(Some(&a), &facts, p);
+        for (t, tp) in &a.tasks {
+            let want = if tp.active == "c" {
+                &tp.standbys[0]
+            } else {
+                &tp.active
+            };
+            assert_eq!(&b.tasks[t].active, want, "task {t}");
+        }
+        // With nothing warm anywhere (a cold start), nobody moves.
+        let cold = up(&["a", "b", "c"]);
+        assert_eq!(next(Some(&a), &cold, p).tasks, a.tasks);
     }
 
     #[test]

@@ -923,6 +923,9 @@ impl Engine {
             self.flush_standby(t)?;
         }
         self.report();
+        // Everything is committed: the last status entry says so, and the next owner of
+        // each task need not wait for a release it would otherwise never see.
+        self.shared.update(|s| s.tasks.clear());
         Ok(())
     }
 
