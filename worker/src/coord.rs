@@ -134,7 +134,14 @@ pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceSta
         restore_remaining: sum(&|r| r.remaining as i64),
         restored: sum(&|r| (r.restored + r.skipped) as i64),
         restore_total: sum(&|r| r.total as i64),
-        restore_rate: sum(&|r| r.records_per_second as i64),
+        // Tasks of the batch already restored (or still waiting) read nothing now.
+        restore_rate: sum(&|r| {
+            if r.remaining > 0 {
+                r.records_per_second as i64
+            } else {
+                0
+            }
+        }),
         lag: Some(
             s.tasks
                 .iter()
@@ -236,6 +243,9 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
         let entry = instance_entry(&cfg.pod, &cfg.address, &s);
         let due = match &last {
             None => true,
+            // A hand-over waits for this pod's word (a released task, an acknowledged
+            // generation): such changes go out at once; progress figures are throttled.
+            Some((prev, _)) if significant(prev) != significant(&entry) => true,
             Some((prev, at)) => {
                 (prev != &entry && at.elapsed() >= MIN_INTERVAL) || at.elapsed() >= HEARTBEAT
             }
@@ -248,6 +258,25 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
             Err(e) => tracing::warn!(error = %e, "status entry not written (retrying)"),
         }
     }
+}
+
+/// The parts of an entry other pods and the operator act on.
+fn significant(
+    e: &InstanceStatus,
+) -> (
+    &Option<String>,
+    &[i32],
+    &[i32],
+    Option<i64>,
+    &Option<String>,
+) {
+    (
+        &e.state,
+        &e.active_tasks,
+        &e.standby_tasks,
+        e.assignment_generation,
+        &e.last_error,
+    )
 }
 
 /// Server-side applies this pod's entry under its own field manager: the list is a map
