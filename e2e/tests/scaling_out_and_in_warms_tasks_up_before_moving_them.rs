@@ -1,8 +1,8 @@
 //! `kubectl scale` on a StreamApp with input flowing: 3 → 4 pods, then 4 → 2. Every
 //! active that moves between two live pods moves to a pod that held it as a standby in
-//! the generation before (warm-up first), output never stalls for longer than a couple
-//! of commit intervals (200 ms each; 1 s allowed), pods leave only after their tasks moved, and the committed
-//! output is exact.
+//! the generation before (warm-up first), output never stalls for long (commits every
+//! 200 ms; a gap of 1 s fails), pods leave only after their tasks moved, and the
+//! committed output is exact.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

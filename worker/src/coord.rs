@@ -245,7 +245,7 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
             None => true,
             // A hand-over waits for this pod's word (a released task, an acknowledged
             // generation): such changes go out at once; progress figures are throttled.
-            Some((prev, _)) if significant(prev) != significant(&entry) => true,
+            Some((prev, _)) if significant_change(prev, &entry) => true,
             Some((prev, at)) => {
                 (prev != &entry && at.elapsed() >= MIN_INTERVAL) || at.elapsed() >= HEARTBEAT
             }
@@ -260,23 +260,13 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
     }
 }
 
-/// The parts of an entry other pods and the operator act on.
-fn significant(
-    e: &InstanceStatus,
-) -> (
-    &Option<String>,
-    &[i32],
-    &[i32],
-    Option<i64>,
-    &Option<String>,
-) {
-    (
-        &e.state,
-        &e.active_tasks,
-        &e.standby_tasks,
-        e.assignment_generation,
-        &e.last_error,
-    )
+/// Whether two entries differ in what other pods and the operator act on.
+fn significant_change(a: &InstanceStatus, b: &InstanceStatus) -> bool {
+    a.state != b.state
+        || a.active_tasks != b.active_tasks
+        || a.standby_tasks != b.standby_tasks
+        || a.assignment_generation != b.assignment_generation
+        || a.last_error != b.last_error
 }
 
 /// Server-side applies this pod's entry under its own field manager: the list is a map
