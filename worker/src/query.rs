@@ -23,7 +23,7 @@ use serde_json::{Value as Json, json};
 
 use crate::config::App;
 use crate::status::{RestoreProgress, Role, Routing, Shared, TaskState, WorkerStatus};
-use crate::steps::{Acc, AggState, WindowAgg};
+use crate::steps::{AggState, WindowAgg};
 use crate::store::{StoreError, TaskDb};
 use crate::window::{Window, WindowRules};
 
@@ -283,49 +283,12 @@ impl Catalog {
     }
 }
 
-/// An accumulator's value, as the aggregate step emits it (mirrors `Acc::result` in
-/// `steps.rs`, which is private to the step).
-fn acc_value(a: &Acc) -> Json {
-    fn num(v: f64, is_float: bool) -> Json {
-        if !is_float && v.fract() == 0.0 && v.abs() < 9.0e15 {
-            json!(v as i64)
-        } else {
-            json!(v)
-        }
-    }
-    match a {
-        Acc::Count { n } => json!(n),
-        Acc::Sum {
-            int,
-            float,
-            is_float,
-        } => {
-            if *is_float {
-                json!(*float + *int as f64)
-            } else {
-                json!(int)
-            }
-        }
-        Acc::Min { v, is_float } | Acc::Max { v, is_float } => {
-            v.map_or(Json::Null, |v| num(v, *is_float))
-        }
-        Acc::Avg { sum, n } => {
-            if *n == 0 {
-                Json::Null
-            } else {
-                json!(sum / *n as f64)
-            }
-        }
-        Acc::Last { v, .. } => v.clone(),
-    }
-}
-
 fn fields_json(fields: &[String], w: &WindowAgg) -> Json {
     Json::Object(
         fields
             .iter()
             .zip(&w.acc)
-            .map(|(f, a)| (f.clone(), acc_value(a)))
+            .map(|(f, a)| (f.clone(), a.result()))
             .collect(),
     )
 }
@@ -1472,6 +1435,7 @@ pub fn read_range(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::steps::Acc;
 
     #[test]
     fn murmur2_matches_the_java_clients() {

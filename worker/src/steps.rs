@@ -454,7 +454,8 @@ impl Acc {
         }
     }
 
-    fn result(&self) -> Json {
+    /// The field's value as emitted (and as queries answer it).
+    pub(crate) fn result(&self) -> Json {
         match self {
             Acc::Count { n } => json!(n),
             Acc::Sum {
