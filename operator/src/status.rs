@@ -380,11 +380,27 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
         (WORKLOAD_READY, &input.workload),
         (RESTORED, &input.restored),
     ];
+    // A restore explains a pending acknowledgement (a worker acknowledges once its new
+    // tasks are restored) and pods not ready (readiness waits for the restore): then
+    // Ready names the restore, ahead of those two.
+    let explained =
+        |v: &Verdict| v.ok || ["AssignmentPending", "WorkersNotReady"].contains(&v.reason.as_str());
+    let restore_first = !input.restored.ok && explained(&input.tasks) && explained(&input.workload);
+    let order: Vec<&Verdict> = if restore_first {
+        vec![
+            &input.topics,
+            &input.restored,
+            &input.tasks,
+            &input.workload,
+        ]
+    } else {
+        details.iter().map(|(_, v)| *v).collect()
+    };
     let blocking = input
         .invalid
         .as_ref()
-        .or_else(|| details.iter().map(|(_, v)| *v).find(|v| v.stalled))
-        .or_else(|| details.iter().map(|(_, v)| *v).find(|v| !v.ok));
+        .or_else(|| order.iter().copied().find(|v| v.stalled))
+        .or_else(|| order.iter().copied().find(|v| !v.ok));
     let ready = blocking.is_none();
     let stalled = blocking.filter(|v| v.stalled);
     let mut out = Vec::new();

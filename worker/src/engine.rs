@@ -532,13 +532,35 @@ impl Engine {
         for t in want_standby {
             self.start_standby(t, None)?;
         }
-        // 4. New actives: a warm standby is promoted (tail restore only).
+        // 4. New actives: a warm standby is promoted (tail restore only). They restore
+        // one after the other, so each is announced first with what it will read: the
+        // reported progress and ETA cover them all rather than one task at a time. None
+        // processes before all are restored (this loop returns first), so they are
+        // reported Running together.
+        let mut batch = Vec::new();
         for t in start_active {
             let db = match self.standbys.contains_key(&t) {
-                true => Some(self.close_standby(t)?),
-                false => None,
+                true => self.close_standby(t)?,
+                false => self.open_db(t)?,
             };
-            self.start_active(t, db)?;
+            let total = restore_total(&self.app, &self.side, &db, t, &self.task_stores(t))?;
+            let mut st = TaskStatus::new(t.0);
+            st.state = TaskState::Restoring;
+            st.restore = Some(RestoreProgress {
+                mode: "pending".into(),
+                total,
+                remaining: total,
+                ..Default::default()
+            });
+            self.shared.put_task(st);
+            batch.push((t, db));
+        }
+        let started: Vec<TaskId> = batch.iter().map(|(t, _)| *t).collect();
+        for (t, db) in batch {
+            self.start_active(t, Some(db))?;
+        }
+        for t in started {
+            self.shared.task(t.0, |s| s.state = TaskState::Running);
         }
         self.shared.update(|s| {
             s.generation = d.generation;
@@ -582,6 +604,13 @@ impl Engine {
         let spec = &app.manifest.spec;
         let mut st = TaskStatus::new(id.0);
         st.state = TaskState::Restoring;
+        // The figures announced for the batch stand until the restore reports its own.
+        st.restore = self.shared.snapshot().and_then(|s| {
+            s.tasks
+                .into_iter()
+                .find(|t| t.task == id.0 && t.role == Role::Active)?
+                .restore
+        });
         self.shared.put_task(st);
         self.shared.update(|s| s.state = "Restoring".into());
         if let Producers::Transactional(m) = &mut self.producers {
@@ -649,8 +678,8 @@ impl Engine {
             task: id,
             message: e.to_string(),
         })?;
+        // Running once every task of the batch is restored (apply_desired).
         self.shared.task(id.0, |t| {
-            t.state = TaskState::Running;
             t.state_lag = Some(0);
             t.positions = task.positions.clone();
         });
@@ -667,7 +696,6 @@ impl Engine {
             .incremental_assign(&assign)
             .map_err(EngineError::AssignPartitions)?;
         self.tasks.insert(id, task);
-        self.shared.update(|s| s.state = "Running".into());
         Ok(())
     }
 
@@ -1316,6 +1344,41 @@ fn drain_held(sb: &mut Standby, sources: &[String]) {
             sb.pending.push(((h.store, h.key), h.value));
         }
     }
+}
+
+/// The changelog records a task's restore will read, planned as [`restore_task`] plans.
+fn restore_total(
+    app: &App,
+    consumer: &BaseConsumer,
+    db: &TaskDb,
+    id: TaskId,
+    stores: &[StoreName],
+) -> Result<u64, EngineError> {
+    let checkpoint = db.checkpoint()?;
+    let mut total = 0;
+    for store in stores {
+        let topic = changelog_topic(&app.application_id, store);
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
+            .map_err(|e| EngineError::Restore {
+                task: id,
+                store: store.0.clone(),
+                topic: topic.clone(),
+                message: e.to_string(),
+            })?;
+        total += match plan(RestoreFacts {
+            checkpoint: checkpoint.changelog.get(store).copied(),
+            log_start: low,
+            log_end: high,
+            local_empty: db.is_empty(store)?,
+        }) {
+            RestorePlan::UpToDate => 0,
+            RestorePlan::Tail { from, to } | RestorePlan::Full { from, to, .. } => {
+                (to - from).max(0) as u64
+            }
+        };
+    }
+    Ok(total)
 }
 
 /// Restores every store of a task: tail from the checkpoint, or a full rebuild (bulk
