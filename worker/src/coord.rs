@@ -46,12 +46,28 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 /// Changes are written at most this often (a restore's progress changes constantly).
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A pod whose entry has not been rewritten for this long (three heartbeats) is taken
+/// for dead: it holds nothing back any more.
+const HOLDER_SILENT: Duration = Duration::from_secs(15);
+
 /// This worker's tasks from the published assignment and the pods' reports.
 ///
-/// An active task that another *listed* pod still reports as active is held back
-/// (`held_elsewhere`): its previous owner has not acknowledged releasing it. A pod that
-/// is gone is not listed, so its tasks start at once.
-pub fn desired_for(me: &str, a: &Assignment, instances: &[InstanceStatus]) -> Desired {
+/// A new active task is held back (`held_elsewhere`) while another pod listed in the
+/// assignment, whose entry is still fresh (written within [`HOLDER_SILENT`]):
+/// - reports the task as active: its previous owner has not released it yet; or
+/// - has not acknowledged this generation: it may still be starting the task from an
+///   older one (a pod acknowledges generation G only after releasing everything G does
+///   not give it, and its tasks and acknowledgement come from one snapshot).
+///
+/// A pod that is gone is not listed, and one that went silent no longer counts, so
+/// their tasks start at once. A pod that never wrote an entry never ran a task. An
+/// assignment without a pod list (hand-edited) lists everyone.
+pub fn desired_for(
+    me: &str,
+    a: &Assignment,
+    instances: &[InstanceStatus],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Desired {
     let mut d = Desired {
         generation: a.generation,
         ..Default::default()
@@ -63,8 +79,23 @@ pub fn desired_for(me: &str, a: &Assignment, instances: &[InstanceStatus]) -> De
             d.standby.insert(*t);
         }
     }
+    let fresh = |i: &InstanceStatus| {
+        i.updated_at
+            .as_deref()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| {
+                (now - t.with_timezone(&chrono::Utc))
+                    .to_std()
+                    .map_or(true, |age| age < HOLDER_SILENT)
+            })
+    };
     for i in instances {
-        if i.pod == me || !a.pods.contains(&i.pod) {
+        let listed = a.pods.is_empty() || a.pods.contains(&i.pod);
+        if i.pod == me || !listed || !fresh(i) {
+            continue;
+        }
+        if i.assignment_generation.unwrap_or(0) < a.generation {
+            d.held_elsewhere.extend(d.active.iter().copied());
             continue;
         }
         for t in &i.active_tasks {
@@ -185,10 +216,21 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
     .map(|r| r.map(|a: StreamApp| Fact::Instances(a.status.unwrap_or_default().instances)));
     let mut events = std::pin::pin!(futures::stream::select(cm_events, app_events));
     let mut assignment: Option<Assignment> = None;
-    let mut instances: Vec<InstanceStatus> = Vec::new();
-    while let Some(ev) = events.next().await {
+    // Nothing is published before both watches delivered: without the pods' reports a
+    // task could start while its previous owner still runs it.
+    let mut instances: Option<Vec<InstanceStatus>> = None;
+    // Reports go stale without any event: look again now and then.
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => match ev {
+                Some(ev) => Some(ev),
+                None => break,
+            },
+            _ = tick.tick() => None,
+        };
         match ev {
-            Ok(Fact::Assignment(cm)) => {
+            Some(Ok(Fact::Assignment(cm))) => {
                 let raw = cm.data.as_ref().and_then(|d| d.get(CONFIG_MAP_KEY));
                 match raw.map(|r| serde_json::from_str::<Assignment>(r)) {
                     Some(Ok(a)) => assignment = Some(a),
@@ -200,14 +242,17 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
                     }
                 }
             }
-            Ok(Fact::Instances(i)) => instances = i,
-            Err(e) => {
+            Some(Ok(Fact::Instances(i))) => instances = Some(i),
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "watch error (retrying)");
                 continue;
             }
+            None => {}
         }
-        let Some(a) = &assignment else { continue };
-        shared.set_desired(desired_for(&cfg.pod, a, &instances));
+        let (Some(a), Some(instances)) = (&assignment, &instances) else {
+            continue;
+        };
+        shared.set_desired(desired_for(&cfg.pod, a, instances, chrono::Utc::now()));
         let addresses = instances
             .iter()
             .filter_map(|i| Some((i.pod.clone(), i.address.clone()?)))
@@ -235,8 +280,13 @@ enum Fact {
 async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<Shared>) {
     let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
     let mut last: Option<(InstanceStatus, Instant)> = None;
+    let mut backoff = Duration::ZERO;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
+        if shared.reporting_closed() {
+            // The final report has the last word.
+            return;
+        }
         let Some(s) = shared.snapshot() else {
             continue;
         };
@@ -254,8 +304,16 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
             continue;
         }
         match write_entry(&api, &cfg, entry.clone()).await {
-            Ok(()) => last = Some((entry, Instant::now())),
-            Err(e) => tracing::warn!(error = %e, "status entry not written (retrying)"),
+            Ok(()) => {
+                last = Some((entry, Instant::now()));
+                backoff = Duration::ZERO;
+            }
+            Err(e) => {
+                // Refused (RBAC, validation) or unreachable: do not hammer the API server.
+                backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
+                tracing::warn!(error = %e, retry_in = ?backoff, "status entry not written");
+                tokio::time::sleep(backoff).await;
+            }
         }
     }
 }
@@ -293,17 +351,24 @@ pub async fn write_entry(
     Ok(())
 }
 
-/// The last word before exiting: the entry with the final state (Stopping, Failed).
+/// The last word before exiting: the final state (Stopping, Failed) and no task, since
+/// the process holds nothing any more (committed, or fenced and aborted), so the next
+/// owners need not wait for it. Also after an engine panic (the status is poisoned).
 pub async fn final_report(cfg: &CoordConfig, shared: &Shared) {
+    shared.close_reporting();
     let Ok(client) = kube::Client::try_default().await else {
         return;
     };
     let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
-    if let Some(s) = shared.snapshot() {
-        let entry = instance_entry(&cfg.pod, &cfg.address, &s);
-        if let Err(e) = write_entry(&api, cfg, entry).await {
-            tracing::warn!(error = %e, "final status entry not written");
-        }
+    let mut s = shared.snapshot().unwrap_or_else(|| WorkerStatus {
+        state: "Failed".into(),
+        last_error: Some("the engine thread panicked".into()),
+        ..Default::default()
+    });
+    s.tasks.clear();
+    let entry = instance_entry(&cfg.pod, &cfg.address, &s);
+    if let Err(e) = write_entry(&api, cfg, entry).await {
+        tracing::warn!(error = %e, "final status entry not written");
     }
 }
 
@@ -341,29 +406,43 @@ mod tests {
         }
     }
 
-    fn report(pod: &str, active: &[i32]) -> InstanceStatus {
+    fn now() -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::parse_from_rfc3339("2026-11-29T12:00:30Z")
+            .expect("time")
+            .with_timezone(&chrono::Utc)
+    }
+
+    /// A report written at 12:00:25 (fresh at `now`), acknowledging `generation`.
+    fn report(pod: &str, generation: i64, active: &[i32]) -> InstanceStatus {
         InstanceStatus {
             pod: pod.into(),
             active_tasks: active.to_vec(),
+            assignment_generation: Some(generation),
+            updated_at: Some("2026-11-29T12:00:25Z".into()),
             ..Default::default()
         }
     }
 
-    #[test]
-    fn a_task_still_reported_by_a_live_previous_owner_is_held_back() {
-        let a = assignment(
-            3,
+    fn three_tasks(generation: i64) -> Assignment {
+        assignment(
+            generation,
             &[
                 (0, "app-1", &["app-0"]),
                 (1, "app-1", &[]),
                 (2, "app-0", &["app-1"]),
             ],
             &["app-0", "app-1"],
-        );
+        )
+    }
+
+    #[test]
+    fn a_task_still_reported_by_a_live_previous_owner_is_held_back() {
+        let a = three_tasks(3);
         let d = desired_for(
             "app-1",
             &a,
-            &[report("app-0", &[0, 2]), report("app-1", &[1])],
+            &[report("app-0", 3, &[0, 2]), report("app-1", 2, &[1])],
+            now(),
         );
         assert_eq!(d.active, BTreeSet::from([TaskId(0), TaskId(1)]));
         assert_eq!(d.standby, BTreeSet::from([TaskId(2)]));
@@ -376,12 +455,29 @@ mod tests {
     }
 
     #[test]
-    fn a_gone_previous_owner_does_not_hold_a_task_back() {
+    fn a_pod_that_has_not_acknowledged_the_generation_holds_every_new_active_back() {
+        // app-0 restarted and may be starting tasks of an older generation right now:
+        // its report lists nothing, but it has not acknowledged generation 3.
+        let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 0, &[])], now());
+        assert_eq!(d.held_elsewhere, BTreeSet::from([TaskId(0), TaskId(1)]));
+        let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 3, &[2])], now());
+        assert!(d.held_elsewhere.is_empty(), "acknowledged and released");
+    }
+
+    #[test]
+    fn a_gone_or_silent_previous_owner_does_not_hold_a_task_back() {
         let a = assignment(4, &[(0, "app-1", &[])], &["app-1"]);
-        let d = desired_for("app-1", &a, &[report("app-0", &[0])]);
+        let d = desired_for("app-1", &a, &[report("app-0", 3, &[0])], now());
         assert!(
             d.held_elsewhere.is_empty(),
             "app-0 is not listed: it is gone"
+        );
+        let mut silent = report("app-0", 3, &[0]);
+        silent.updated_at = Some("2026-11-29T12:00:00Z".into());
+        let d = desired_for("app-1", &three_tasks(4), &[silent], now());
+        assert!(
+            d.held_elsewhere.is_empty(),
+            "app-0 has not written for 30 s: it is dead or wedged"
         );
     }
 

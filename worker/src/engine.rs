@@ -91,6 +91,9 @@ pub enum EngineError {
         "failed to find the sink topic {0}: it does not exist (create it; Oxbow never creates or deletes sink topics)"
     )]
     SinkMissing(String),
+    /// Asked to stop while starting tasks (SIGTERM during a restore): not a failure.
+    #[error("stopped while starting tasks")]
+    Stopped,
     #[error("failed to initialise task {task}: {message}")]
     Init { task: TaskId, message: String },
 }
@@ -328,9 +331,12 @@ struct HeldRecord {
     value: Option<Vec<u8>>,
 }
 
-/// How long a new active waits for the previous owner to acknowledge releasing a task
-/// before it starts anyway (under exactly-once its producer fences a zombie).
-const HANDOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Exactly-once: how long a new active waits for a previous owner that still reports
+/// but does not release the task (wedged) before it starts anyway; its producer fences
+/// the old owner. Longer than a transaction's timeout and a long restore's commit gap.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(300);
+/// A standby writes its applied records at least every this many.
+const STANDBY_BATCH: usize = 10_000;
 
 impl Engine {
     /// Connects, reads the task count, creates missing topics. Tasks start when a
@@ -362,10 +368,11 @@ impl Engine {
             partitions.insert(topic.clone(), n);
         }
         let task_count = oxbow_crds::validate::task_count(&partitions)?;
-        let all_stores: Vec<StoreName> = app
-            .steps
-            .iter()
-            .flat_map(|f| f(TaskId(0)).stores())
+        // A custom processor may declare stores per task: every task's count.
+        let all_stores: Vec<StoreName> = (0..task_count.max(1) as u32)
+            .flat_map(|t| app.steps.iter().flat_map(move |f| f(TaskId(t)).stores()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         ensure_topics(&app, &consumer, task_count, &all_stores)?;
         // The sink belongs to the user (never created here): without this check a
@@ -485,11 +492,15 @@ impl Engine {
             }
             if d.held_elsewhere.contains(t) {
                 let since = self.waiting.get(t).copied().unwrap_or(now);
-                if now.duration_since(since) < HANDOVER_TIMEOUT {
+                // Under at-least-once nothing fences a live holder: two owners would
+                // interleave state, so the wait lasts as long as the holder reports (the
+                // coordinator stops holding a task back once its holder goes silent).
+                let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+                if alos || now.duration_since(since) < HANDOVER_TIMEOUT {
                     keep_waiting.insert(*t, since);
                     continue;
                 }
-                tracing::warn!(task = %t, "the previous owner has not released the task within {}s: starting it anyway (exactly-once fences a zombie; at-least-once may see duplicates)", HANDOVER_TIMEOUT.as_secs());
+                tracing::warn!(task = %t, "the previous owner, still reporting, has not released the task within {}s: starting it anyway (its producer is fenced and its next commit fails)", HANDOVER_TIMEOUT.as_secs());
             }
             start_active.push(*t);
         }
@@ -537,6 +548,11 @@ impl Engine {
         // reported progress and ETA cover them all rather than one task at a time. None
         // processes before all are restored (this loop returns first), so they are
         // reported Running together.
+        if !start_active.is_empty() {
+            // Restores hold this thread: nothing of the running tasks may stay open in
+            // a transaction (it would time out) or uncommitted meanwhile.
+            self.commit_all()?;
+        }
         let mut batch = Vec::new();
         for t in start_active {
             let db = match self.standbys.contains_key(&t) {
@@ -555,9 +571,26 @@ impl Engine {
             self.shared.put_task(st);
             batch.push((t, db));
         }
-        let started: Vec<TaskId> = batch.iter().map(|(t, _)| *t).collect();
-        for (t, db) in batch {
+        let mut started: Vec<TaskId> = Vec::new();
+        let mut batch = batch.into_iter();
+        while let Some((t, db)) = batch.next() {
+            if self.shared.desired_changed(self.desired_seen) {
+                // The assignment moved on while restoring: this generation is not
+                // acknowledged; what is left stays warm as standbys until the next
+                // round decides.
+                tracing::info!("assignment changed while starting tasks: re-planning");
+                for (t, db) in std::iter::once((t, db)).chain(batch.by_ref()) {
+                    self.shared.remove_task(t.0);
+                    self.start_standby(t, Some(db))?;
+                }
+                for t in started {
+                    self.shared
+                        .task(t.0, |s: &mut TaskStatus| s.state = TaskState::Running);
+                }
+                return Ok(());
+            }
             self.start_active(t, Some(db))?;
+            started.push(t);
         }
         for t in started {
             self.shared.task(t.0, |s| s.state = TaskState::Running);
@@ -692,6 +725,9 @@ impl Engine {
                 .add_partition_offset(topic, id.0 as i32, off)
                 .map_err(EngineError::AssignPartitions)?;
         }
+        // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
+        // failed here before, moved away and came back must not stay paused.
+        let _ = self.consumer.resume(&self.source_tpl(id));
         self.consumer
             .incremental_assign(&assign)
             .map_err(EngineError::AssignPartitions)?;
@@ -730,6 +766,8 @@ impl Engine {
         let checkpoint = db.checkpoint()?;
         let mut next = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
+        // Reported from the start: a copy without a lag would look cold to placement.
+        let mut lag = 0;
         for store in self.task_stores(id) {
             let topic = changelog_topic(&self.app.application_id, &store);
             let (low, high) = self
@@ -759,6 +797,7 @@ impl Engine {
             };
             tpl.add_partition_offset(&topic, id.0 as i32, Offset::Offset(from))
                 .map_err(EngineError::AssignPartitions)?;
+            lag += (high - from).max(0);
             next.insert(store, from);
         }
         self.consumer
@@ -770,6 +809,7 @@ impl Engine {
         let mut st = TaskStatus::new(id.0);
         st.role = Role::Standby;
         st.state = TaskState::Running;
+        st.state_lag = Some(lag);
         self.shared.put_task(st);
         tracing::info!(task = %id, "started standby task");
         self.standbys.insert(
@@ -829,9 +869,28 @@ impl Engine {
 
     /// Writes a standby's applied records with their checkpoint.
     fn flush_standby(&mut self, id: TaskId) -> Result<(), EngineError> {
+        // Under exactly-once, aborted records and transaction markers are never
+        // delivered, yet the consumer's position moves past them: without it a standby
+        // behind an aborted range (a crash mid-transaction, then silence) would look
+        // that far behind for ever. Everything before the position was delivered.
+        let positions = match self.app.guarantee {
+            ProcessingGuarantee::ExactlyOnce => self.consumer.position().ok(),
+            ProcessingGuarantee::AtLeastOnce => None,
+        };
+        let app_id = self.app.application_id.clone();
         let Some(sb) = self.standbys.get_mut(&id) else {
             return Ok(());
         };
+        if let Some(pos) = &positions {
+            for (store, next) in sb.next.iter_mut() {
+                if let Some(Offset::Offset(o)) = pos
+                    .find_partition(&changelog_topic(&app_id, store), id.0 as i32)
+                    .map(|e| e.offset())
+                {
+                    *next = (*next).max(o);
+                }
+            }
+        }
         sb.last_flush = Instant::now();
         // A held record's offset bounds its store's checkpoint: it is not applied yet.
         let mut cp = sb.next.clone();
@@ -856,14 +915,22 @@ impl Engine {
         let mut last_refresh = Instant::now();
         let mut out = Vec::new();
         let mut last_desired_check = Instant::now();
+        let mut last_standby_flush = Instant::now();
         while !self.shared.stopping() {
             if last_desired_check.elapsed() >= Duration::from_millis(200) {
                 last_desired_check = Instant::now();
-                self.apply_desired()?;
+                match self.apply_desired() {
+                    // SIGTERM during a restore: commit what runs, below, and exit.
+                    Err(EngineError::Stopped) => break,
+                    r => r?,
+                }
             }
             match self.consumer.poll(Duration::from_millis(5)) {
-                Some(Ok(m)) => {
+                // No `continue` below: the periodic work after the match (commits,
+                // standby flushes, reports) must run however busy the consumer is.
+                Some(Ok(m)) => 'msg: {
                     if let Some(store) = self.changelogs.get(m.topic()).cloned() {
+                        let id = TaskId(m.partition() as u32);
                         apply_standby_record(
                             &mut self.standbys,
                             self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
@@ -871,14 +938,24 @@ impl Engine {
                             store,
                             &m,
                         );
-                        continue;
+                        drop(m);
+                        // A standby catching up a long changelog writes as it goes:
+                        // its buffer stays bounded whatever the commit interval.
+                        if self
+                            .standbys
+                            .get(&id)
+                            .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
+                        {
+                            self.flush_standby(id)?;
+                        }
+                        break 'msg;
                     }
                     let id = TaskId(m.partition() as u32);
                     let Some(task) = self.tasks.get_mut(&id) else {
-                        continue;
+                        break 'msg;
                     };
                     if task.failed.is_some() {
-                        continue;
+                        break 'msg;
                     }
                     METRICS.records_in.get_or_create(&task_label(id)).inc();
                     let msg = SourceMessage {
@@ -936,6 +1013,9 @@ impl Engine {
             if last_commit.elapsed() >= interval || pending >= MAX_UNCOMMITTED {
                 self.commit_all()?;
                 last_commit = Instant::now();
+            }
+            if last_standby_flush.elapsed() >= Duration::from_millis(500) {
+                last_standby_flush = Instant::now();
                 self.flush_standbys()?;
             }
             if last_report.elapsed() >= Duration::from_secs(2) {
@@ -965,7 +1045,8 @@ impl Engine {
             .standbys
             .iter()
             .filter(|(_, sb)| {
-                sb.last_flush.elapsed() >= Duration::from_secs(1) || sb.pending.len() >= 10_000
+                sb.last_flush.elapsed() >= Duration::from_secs(1)
+                    || sb.pending.len() >= STANDBY_BATCH
             })
             .map(|(t, _)| *t)
             .collect();
@@ -1303,6 +1384,10 @@ fn apply_standby_record(
     let Some(sb) = standbys.get_mut(&id) else {
         return;
     };
+    // Never apply the past over newer state (a stale fetch after a re-assignment).
+    if sb.next.get(&store).is_some_and(|n| m.offset() < *n) {
+        return;
+    }
     let Some(key) = m.key() else {
         sb.next.insert(store, m.offset() + 1);
         return;
@@ -1538,6 +1623,16 @@ fn restore_store(
     let base_done = progress.restored + progress.skipped;
     let base_remaining = progress.remaining;
     loop {
+        if shared.stopping() {
+            // A tail keeps what it applied, with its checkpoint; a bulk load has no
+            // checkpoint until it ends and is redone from the start.
+            if !bulk {
+                let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
+                task.db.commit(&batch, &cp, &BTreeMap::new())?;
+            }
+            consumer.unassign().map_err(|e| fail(e.to_string()))?;
+            return Err(EngineError::Stopped);
+        }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 idle_since = Instant::now();

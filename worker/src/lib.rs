@@ -107,9 +107,11 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             }
             engine.run()
         })?;
-    let result = handle
-        .join()
-        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    let result = match handle.join() {
+        Ok(Err(engine::EngineError::Stopped)) => Ok(()),
+        Ok(r) => r.map_err(anyhow::Error::from),
+        Err(_) => Err(anyhow::anyhow!("the engine thread panicked")),
+    };
     if let Err(e) = &result {
         shared.update(|s| {
             s.state = "Failed".into();
@@ -126,7 +128,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         });
     }
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
-    result.map_err(Into::into)
+    result
 }
 
 /// Like [`run`], with extra processors appended after the spec's steps (before the sink).

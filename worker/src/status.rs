@@ -142,6 +142,7 @@ pub struct Desired {
 #[derive(Default)]
 pub struct Shared {
     desired: Mutex<Option<Desired>>,
+    reporting_closed: AtomicBool,
     desired_version: AtomicU64,
     status: Mutex<WorkerStatus>,
     stop: AtomicBool,
@@ -203,6 +204,17 @@ impl Shared {
         }
         *seen = v;
         self.desired.lock().ok().and_then(|d| d.clone())
+    }
+    /// No status entry is written after this but the final one.
+    pub fn close_reporting(&self) {
+        self.reporting_closed.store(true, Ordering::SeqCst);
+    }
+    pub fn reporting_closed(&self) -> bool {
+        self.reporting_closed.load(Ordering::SeqCst)
+    }
+    /// Whether a newer desired state than `seen` was published.
+    pub fn desired_changed(&self, seen: u64) -> bool {
+        self.desired_version.load(Ordering::SeqCst) != seen
     }
     /// Adds or replaces a task's entry.
     pub fn put_task(&self, t: TaskStatus) {
