@@ -51,6 +51,9 @@ pub struct PodFacts {
     /// Tasks whose state this pod holds (active or standby), with how far its copy is
     /// behind the changelog end (0 = caught up).
     pub state_lag: BTreeMap<TaskId, i64>,
+    /// The assignment generation the pod acknowledged running. Until it acknowledged
+    /// the current one, a task it does not report yet is unknown, not cold.
+    pub acknowledged: Option<i64>,
 }
 
 /// One task's placement.
@@ -157,10 +160,22 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         // yet) gives way to a pod whose copy is warm: processing resumes there at once
         // instead of waiting for a restore. It is the failover of a lost volume.
         let cold_with_warm_alternative = |pod: &str| {
-            lag_on(pod, t).is_none_or(|l| l > p.warmup_max_lag)
-                && targets.iter().any(|f| {
-                    f.pod != pod && f.state_lag.get(&t).is_some_and(|l| *l <= p.warmup_max_lag)
-                })
+            let acked = eligible
+                .iter()
+                .find(|f| f.pod == pod)
+                .and_then(|f| f.acknowledged)
+                .is_some_and(|g| g >= generation);
+            // Cold: its copy is reported far behind (a restore from an empty volume
+            // announces what it will read), or it runs the current generation and has
+            // no copy at all. A pod that has not caught up with the assignment yet is
+            // unknown: moving its tasks on a guess would shuffle every start.
+            let cold = match lag_on(pod, t) {
+                Some(l) => l > p.warmup_max_lag,
+                None => acked,
+            };
+            cold && targets.iter().any(|f| {
+                f.pod != pod && f.state_lag.get(&t).is_some_and(|l| *l <= p.warmup_max_lag)
+            })
         };
         match prev_of(t).map(|tp| tp.active.clone()) {
             Some(pod) if is_target(&pod) && !cold_with_warm_alternative(&pod) => {
@@ -375,6 +390,7 @@ mod tests {
                 eligible,
                 draining,
                 state_lag,
+                acknowledged: (rng.below(2) == 0).then_some(1),
             });
         }
         out
@@ -558,8 +574,10 @@ mod tests {
         let a = next(None, &up(&["a", "b", "c"]), p);
         let mut facts = up(&["a", "b", "c"]);
         report(&a, &mut facts, 10);
-        // c was recreated with an empty volume: it reports no copy of anything.
-        facts[2].state_lag.clear();
+        // c was recreated with an empty volume: it announces its actives' full restores.
+        for lag in facts[2].state_lag.values_mut() {
+            *lag = 50_000;
+        }
         let b = next(Some(&a), &facts, p);
         for (t, tp) in &a.tasks {
             let want = if tp.active == "c" {
@@ -569,6 +587,16 @@ mod tests {
             };
             assert_eq!(&b.tasks[t].active, want, "task {t}");
         }
+        // A restarted c that has not reported yet is unknown: nothing moves on a guess.
+        facts[2].state_lag.clear();
+        assert_eq!(next(Some(&a), &facts, p).tasks, a.tasks);
+        // Once it runs the current generation without a copy, it is cold.
+        facts[2].acknowledged = Some(a.generation);
+        assert_ne!(
+            next(Some(&a), &facts, p).tasks,
+            a.tasks,
+            "acknowledged, holds nothing"
+        );
         // With nothing warm anywhere (a cold start), nobody moves.
         let cold = up(&["a", "b", "c"]);
         assert_eq!(next(Some(&a), &cold, p).tasks, a.tasks);

@@ -96,7 +96,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
     // Every pod reports its own entry, acknowledging the published generation.
     let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
     let st = wait_for(
-        "three status entries at the published generation",
+        "three status entries running the published assignment",
         Duration::from_secs(60),
         || async {
             let s = api
@@ -105,10 +105,28 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
                 .map_err(|e| e.to_string())?
                 .status
                 .unwrap_or_default();
+            // At the generation, and running exactly what it assigns (a new active
+            // runs as a standby while it waits for a release).
             let cur: Vec<_> = s
                 .instances
                 .iter()
                 .filter(|i| i.assignment_generation == Some(a.generation))
+                .filter(|i| {
+                    let mine = |standby: bool| -> Vec<i32> {
+                        a.tasks
+                            .iter()
+                            .filter(|(_, p)| {
+                                if standby {
+                                    p.standbys.contains(&i.pod)
+                                } else {
+                                    p.active == i.pod
+                                }
+                            })
+                            .map(|(t, _)| t.0 as i32)
+                            .collect()
+                    };
+                    i.active_tasks == mine(false) && i.standby_tasks == mine(true)
+                })
                 .collect();
             if cur.len() == 3 {
                 Ok(s)

@@ -105,6 +105,7 @@ pub fn pod_facts(
                 pod: p.name.clone(),
                 eligible: !p.terminating && (p.ready || reported_lately || young),
                 draining: p.ordinal >= replicas,
+                acknowledged: entry.and_then(|e| e.assignment_generation),
                 // Keys the worker wrote; one that is not a task number is ignored.
                 state_lag: entry
                     .map(|e| {

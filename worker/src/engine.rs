@@ -91,6 +91,9 @@ pub enum EngineError {
         "failed to find the sink topic {0}: it does not exist (create it; Oxbow never creates or deletes sink topics)"
     )]
     SinkMissing(String),
+    /// The task was assigned elsewhere while it restored here: the restore stops.
+    #[error("task {0} was assigned elsewhere while it restored")]
+    Superseded(TaskId),
     /// Asked to stop while starting tasks (SIGTERM during a restore): not a failure.
     #[error("stopped while starting tasks")]
     Stopped,
@@ -505,6 +508,8 @@ impl Engine {
             start_active.push(*t);
         }
         self.waiting = keep_waiting;
+        let waiting: Vec<u32> = self.waiting.keys().map(|t| t.0).collect();
+        self.shared.update(|s| s.waiting_for_release = waiting);
 
         // 1. Release what is no longer ours, first: the next owner waits for it.
         let release: Vec<TaskId> = self
@@ -574,12 +579,30 @@ impl Engine {
         let mut started: Vec<TaskId> = Vec::new();
         let mut batch = batch.into_iter();
         while let Some((t, db)) = batch.next() {
-            if self.shared.desired_changed(self.desired_seen) {
+            let superseded = match self.start_active(t, Some(db.clone())) {
+                Ok(()) => {
+                    started.push(t);
+                    false
+                }
+                // Placement moved it away mid-restore (this pod's copy is cold and a
+                // warm one exists): keep what was restored, as a standby.
+                Err(EngineError::Superseded(_)) => {
+                    if let Producers::Transactional(m) = &mut self.producers {
+                        m.remove(&t);
+                    }
+                    self.committed.remove(&t);
+                    true
+                }
+                Err(e) => return Err(e),
+            };
+            if superseded || self.shared.desired_changed(self.desired_seen) {
                 // The assignment moved on while restoring: this generation is not
                 // acknowledged; what is left stays warm as standbys until the next
                 // round decides.
                 tracing::info!("assignment changed while starting tasks: re-planning");
-                for (t, db) in std::iter::once((t, db)).chain(batch.by_ref()) {
+                let rest: Vec<_> = batch.by_ref().collect();
+                let this = (!started.contains(&t)).then_some((t, db));
+                for (t, db) in this.into_iter().chain(rest) {
                     self.shared.remove_task(t.0);
                     self.start_standby(t, Some(db))?;
                 }
@@ -589,8 +612,6 @@ impl Engine {
                 }
                 return Ok(());
             }
-            self.start_active(t, Some(db))?;
-            started.push(t);
         }
         for t in started {
             self.shared.task(t.0, |s| s.state = TaskState::Running);
@@ -614,12 +635,20 @@ impl Engine {
 
     fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
         let stores = self.task_stores(id);
-        Ok(Arc::new(TaskDb::open(
-            &self.task_dir(id),
-            id,
-            &stores,
-            &self.memory,
-        )?))
+        // A query may still hold the handle of a store closed a moment ago (RocksDB's
+        // LOCK is held until the last reader lets go): retry briefly.
+        let mut tries = 0;
+        loop {
+            match TaskDb::open(&self.task_dir(id), id, &stores, &self.memory) {
+                Ok(db) => return Ok(Arc::new(db)),
+                Err(e @ StoreError::Open { .. }) if tries < 50 => {
+                    tries += 1;
+                    tracing::debug!(task = %id, error = %e, "store still open elsewhere: retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
@@ -1679,6 +1708,19 @@ fn restore_store(
                 }
                 if last_progress.elapsed() >= Duration::from_millis(500) {
                     last_progress = Instant::now();
+                    if shared
+                        .desired_peek()
+                        .is_some_and(|d| !d.active.contains(&id))
+                    {
+                        // Assigned elsewhere meanwhile: stop; a tail keeps what it
+                        // applied (a standby continues from there).
+                        if !bulk {
+                            let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
+                            task.db.commit(&batch, &cp, &BTreeMap::new())?;
+                        }
+                        consumer.unassign().map_err(|e| fail(e.to_string()))?;
+                        return Err(EngineError::Superseded(id));
+                    }
                     let done = (last_offset + 1 - from).max(0) as u64;
                     progress.remaining = base_remaining.saturating_sub(done);
                     let secs = started.elapsed().as_secs_f64();

@@ -41,6 +41,11 @@ pub fn routes(
                         .iter()
                         .filter(|t| t.state != crate::status::TaskState::Running)
                         .map(|t| format!("task {} {:?}", t.task, t.state))
+                        .chain(
+                            s.waiting_for_release
+                                .iter()
+                                .map(|t| format!("task {t} waits for its previous owner")),
+                        )
                         .collect();
                     format!("not ready: worker {}; {}", s.state, waiting.join(", "))
                 })

@@ -106,6 +106,10 @@ pub struct WorkerStatus {
     pub state: String,
     /// The assignment generation applied (0 standalone).
     pub generation: i64,
+    /// Tasks assigned active here that wait for their previous owner to let go (they
+    /// run as standbys meanwhile). The worker is not ready while any wait.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for_release: Vec<u32>,
     pub tasks: Vec<TaskStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -181,6 +185,7 @@ impl Shared {
     pub fn ready(&self) -> bool {
         self.snapshot().is_some_and(|s| {
             s.state == "Running"
+                && s.waiting_for_release.is_empty()
                 && s.tasks
                     .iter()
                     .filter(|t| t.role == Role::Active)
@@ -211,6 +216,10 @@ impl Shared {
     }
     pub fn reporting_closed(&self) -> bool {
         self.reporting_closed.load(Ordering::SeqCst)
+    }
+    /// The latest desired state, without marking it seen.
+    pub fn desired_peek(&self) -> Option<Desired> {
+        self.desired.lock().ok().and_then(|d| d.clone())
     }
     /// Whether a newer desired state than `seen` was published.
     pub fn desired_changed(&self, seen: u64) -> bool {
