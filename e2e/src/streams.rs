@@ -214,3 +214,27 @@ pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
     let body = r.text().await.map_err(|e| e.to_string())?;
     Ok((code, body))
 }
+
+/// GET `http://{addr}{path}`: status, the `Retry-After` header if any, and body.
+pub async fn http_get_retry_after(
+    addr: &str,
+    path: &str,
+) -> Result<(u16, Option<String>, String), String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let r = client
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .map_err(|e| format!("GET {addr}{path}: {e}"))?;
+    let code = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    Ok((code, retry, body))
+}

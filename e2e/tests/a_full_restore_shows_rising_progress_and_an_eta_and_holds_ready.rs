@@ -17,7 +17,7 @@ use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
     kubectl, unique, wait_for,
 };
-use oxbow_e2e::streams::{CountingApp, http_get, produce, read_committed};
+use oxbow_e2e::streams::{CountingApp, http_get, http_get_retry_after, produce, read_committed};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
@@ -205,6 +205,8 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
     assert!(ok, "scale: {err}");
     let scaled = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
+    // A query during the restore: 503 with Retry-After and the progress.
+    let mut refused_while_restoring: Option<(Option<String>, String)> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(300));
     loop {
         tick.tick().await;
@@ -221,6 +223,24 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
             continue;
         };
         let st = a.status.clone().unwrap_or_default();
+        if refused_while_restoring.is_none()
+            && st
+                .restoration
+                .as_ref()
+                .is_some_and(|r| r.tasks_restoring > 0)
+            && let Some(addr) = st
+                .instances
+                .iter()
+                .find(|i| i.pod == format!("{name}-0"))
+                .and_then(|i| i.address.clone())
+            && let Ok((503, retry, body)) = http_get_retry_after(
+                &addr,
+                &format!("/v1/stores/totals/keys/{}", group(PROBES[0])),
+            )
+            .await
+        {
+            refused_while_restoring = Some((retry, body));
+        }
         let s = Sample {
             at: scaled.elapsed(),
             column,
@@ -355,6 +375,16 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
         "{end:?}"
     );
     assert_eq!(end.phase, Some(Phase::Running), "{end:?}");
+
+    let (retry, body) =
+        refused_while_restoring.expect("no query was refused with 503 while the pod restored");
+    println!("query while restoring: 503, Retry-After {retry:?}: {body}");
+    let secs: u64 = retry
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .expect("503 without a numeric Retry-After");
+    assert!((1..=300).contains(&secs), "Retry-After {secs}");
+    assert!(body.contains("restor"), "the 503 says why: {body}");
 
     // 4. The restored state: the pod answers the pre-loaded values…
     let a = api.get(&name).await.expect("app");
