@@ -273,6 +273,13 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
     // 4. Standbys, on staying pods only.
     let mut standby_load: BTreeMap<String, usize> =
         targets.iter().map(|f| (f.pod.clone(), 0)).collect();
+    // A pod's fair share of standbys: kept copies and fresh state count only up to it, so
+    // a pod that gave many actives away (each leaves a warm standby behind) does not end
+    // up holding most of the standbys.
+    let per_task = (p.standby_replicas as usize).min(targets.len().saturating_sub(1));
+    let cap = (p.tasks as usize * per_task)
+        .div_ceil(targets.len().max(1))
+        .max(1);
     let mut tasks = BTreeMap::new();
     for t in (0..p.tasks).map(TaskId) {
         let act = active.get(&t).cloned().unwrap_or_default();
@@ -285,7 +292,11 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         }
         let want = (p.standby_replicas as usize).min(room).max(standbys.len());
         let keep = |s: &String, standbys: &Vec<String>| {
-            standbys.len() < want && *s != act && is_target(s) && !standbys.contains(s)
+            standbys.len() < want
+                && *s != act
+                && is_target(s)
+                && !standbys.contains(s)
+                && standby_load.get(s).copied().unwrap_or(0) < cap
         };
         for s in prev_of(t).map(|tp| tp.standbys.clone()).unwrap_or_default() {
             if keep(&s, &standbys) {
@@ -303,9 +314,11 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
                 .iter()
                 .filter(|f| f.pod != act && !standbys.contains(&f.pod))
                 .min_by_key(|f| {
+                    let load = standby_load.get(&f.pod).copied().unwrap_or(0);
                     (
+                        load >= cap,
                         f.state_lag.get(&t).copied().unwrap_or(i64::MAX),
-                        standby_load.get(&f.pod).copied().unwrap_or(0),
+                        load,
                         f.pod.clone(),
                     )
                 })
@@ -562,6 +575,44 @@ mod tests {
 
     fn count(a: &Assignment, pod: &str) -> usize {
         a.tasks.values().filter(|t| t.active == pod).count()
+    }
+
+    #[test]
+    fn pods_that_joined_late_end_with_their_share_of_actives_and_standbys() {
+        let p = Params {
+            tasks: 12,
+            standby_replicas: 1,
+            warmup_max_lag: 100,
+        };
+        // The operator saw one pod first; the other two joined before anyone reported
+        // (so moves were immediate, each leaving a standby behind), then all reported.
+        let a0 = next(None, &up(&["a"]), p);
+        let mut facts = up(&["a", "b", "c"]);
+        let mut a = next(Some(&a0), &facts, p);
+        for _ in 0..20 {
+            report(&a, &mut facts, 0);
+            let n = next(Some(&a), &facts, p);
+            if n == a {
+                break;
+            }
+            a = n;
+        }
+        let per_pod = |holds: &dyn Fn(&TaskPlacement, &str) -> bool| -> Vec<usize> {
+            ["a", "b", "c"]
+                .iter()
+                .map(|pod| a.tasks.values().filter(|tp| holds(tp, pod)).count())
+                .collect()
+        };
+        assert_eq!(
+            per_pod(&|tp, pod| tp.active == pod),
+            vec![4, 4, 4],
+            "actives: {a:?}"
+        );
+        assert_eq!(
+            per_pod(&|tp, pod| tp.standbys.iter().any(|s| s == pod)),
+            vec![4, 4, 4],
+            "standbys: {a:?}"
+        );
     }
 
     #[test]

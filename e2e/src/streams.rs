@@ -12,7 +12,14 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::harness::kafka_bootstrap;
+use crate::harness::{
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
+    kubectl, unique, wait_for,
+};
+use kube::api::Api;
+use oxbow_crds::StreamApp;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A StreamApp that counts records per key (`groupBy: key`, so a key's state lives in
 /// the task of its source partition and queries can route by key) and sums `amount`.
@@ -201,18 +208,9 @@ pub fn exact_running_counts(
 
 /// GET `http://{addr}{path}`: status and body.
 pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let r = client
-        .get(format!("http://{addr}{path}"))
-        .send()
+    http_get_retry_after(addr, path)
         .await
-        .map_err(|e| format!("GET {addr}{path}: {e}"))?;
-    let code = r.status().as_u16();
-    let body = r.text().await.map_err(|e| e.to_string())?;
-    Ok((code, body))
+        .map(|(code, _, body)| (code, body))
 }
 
 /// GET `http://{addr}{path}`: status, the `Retry-After` header if any, and body.
@@ -237,4 +235,149 @@ pub async fn http_get_retry_after(
         .map(String::from);
     let body = r.text().await.map_err(|e| e.to_string())?;
     Ok((code, retry, body))
+}
+
+/// A namespace with the operator and a [`CountingApp`] over a 12-partition source,
+/// applied and Ready. `finish` deletes the app (the operator's finalizer runs) and the
+/// namespace.
+pub struct RunningApp {
+    pub client: kube::Client,
+    pub ns: TestNamespace,
+    pub operator: OperatorProcess,
+    pub app: CountingApp,
+    pub api: Api<StreamApp>,
+}
+
+impl RunningApp {
+    pub async fn start(prefix: &str, configure: impl FnOnce(CountingApp) -> CountingApp) -> Self {
+        install_crd();
+        let client = kube_client().await;
+        let ns = TestNamespace::create(&client, prefix).await;
+        let source = unique("events");
+        kafka::create_topic(&source, 12).await;
+        let operator = OperatorProcess::start_with(&ns.name, &["--failover-timeout", "15s"]);
+        let app = configure(CountingApp::new(&unique("count"), &source));
+        kafka::create_topic(&app.sink(), 12).await;
+        let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&app.manifest()));
+        assert!(ok, "apply: {err}");
+        let api = Api::namespaced(client.clone(), &ns.name);
+        let me = Self {
+            client,
+            ns,
+            operator,
+            app,
+            api,
+        };
+        me.wait_ready("240s");
+        me
+    }
+
+    pub fn name(&self) -> &str {
+        &self.app.name
+    }
+
+    /// `kubectl wait --for=condition=Ready`, or the test fails with the operator's log.
+    pub fn wait_ready(&self, timeout: &str) {
+        let (ok, out, err) = kubectl(
+            &[
+                "wait",
+                "-n",
+                &self.ns.name,
+                "--for=condition=Ready",
+                &format!("streamapp/{}", self.app.name),
+                &format!("--timeout={timeout}"),
+            ],
+            None,
+        );
+        assert!(ok, "not Ready: {out}{err}\n{}", self.operator.logs());
+    }
+
+    pub async fn status(&self) -> Result<oxbow_crds::StreamAppStatus, String> {
+        Ok(self
+            .api
+            .get(&self.app.name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default())
+    }
+
+    pub async fn finish(self) {
+        apps::delete_all(&self.api).await;
+        self.ns.delete().await;
+        drop(self.operator);
+    }
+}
+
+/// Input flowing in the background: one record per key per round, until stopped.
+pub struct Input {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Input {
+    pub fn start(topic: &str, keys: &[String], pause: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, rounds, keys, topic) = (
+                stop.clone(),
+                rounds.clone(),
+                keys.to_vec(),
+                topic.to_string(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    produce(&topic, &keys, 1, 1);
+                    rounds.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(pause);
+                }
+            })
+        };
+        Self {
+            stop,
+            rounds,
+            thread,
+        }
+    }
+
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::SeqCst) as u64
+    }
+
+    /// Stops and returns how many records each key got.
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        let rounds = self.rounds.clone();
+        let _ = self.thread.join();
+        rounds.load(Ordering::SeqCst) as u64
+    }
+}
+
+/// `n` keys `user-0` … `user-{n-1}`.
+pub fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("user-{i}")).collect()
+}
+
+/// Waits until the committed output holds, for every key, the running counts 1..=want
+/// exactly once each.
+pub async fn wait_exactly_once(sink: &str, keys: &[String], want: u64) {
+    wait_for(
+        "every produced record in the committed output, exactly once",
+        Duration::from_secs(120),
+        || async {
+            let c = exact_running_counts(&read_committed(sink))?;
+            if let Some((k, v)) = c.iter().find(|(_, v)| **v > want) {
+                return Err(format!("key {k} counted {v} > {want} produced"));
+            }
+            let done = c.values().filter(|v| **v == want).count();
+            if done == keys.len() {
+                Ok(())
+            } else {
+                Err(format!("{done}/{} keys at {want}", keys.len()))
+            }
+        },
+    )
+    .await;
 }

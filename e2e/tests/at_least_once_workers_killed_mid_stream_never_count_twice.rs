@@ -5,17 +5,10 @@
 //! count equals what was produced, no count is skipped, and queries answer it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kube::api::Api;
-use oxbow_crds::StreamApp;
-use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, stack_var,
-    unique, wait_for,
-};
-use oxbow_e2e::streams::{CountingApp, http_get, produce, read_committed};
+use oxbow_e2e::harness::{kubectl, stack_var, wait_for};
+use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, read_committed};
 
 /// SIGKILLs the worker container of `pod`, as the OOM killer would.
 fn kill9(ns: &str, pod: &str) {
@@ -49,58 +42,22 @@ fn kill9(ns: &str, pod: &str) {
 
 #[tokio::test]
 async fn killed_actives_hand_over_to_standbys_without_double_counting() {
-    install_crd();
-    let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "alos").await;
-    let n = ns.name.clone();
-    let source = unique("events");
-    kafka::create_topic(&source, 12).await;
-    let operator = OperatorProcess::start_with(&n, &["--failover-timeout", "15s"]);
-    let mut app = CountingApp::new(&unique("count"), &source).replicas(2);
-    app.guarantee = "at_least_once";
-    let name = app.name.clone();
-    kafka::create_topic(&app.sink(), 12).await;
-    let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&app.manifest()));
-    assert!(ok, "apply: {err}");
-    let ready = |timeout: &str| {
-        kubectl(
-            &[
-                "wait",
-                "-n",
-                &n,
-                "--for=condition=Ready",
-                &format!("streamapp/{name}"),
-                &format!("--timeout={timeout}"),
-            ],
-            None,
-        )
-    };
-    let (ok, out, err) = ready("240s");
-    assert!(ok, "not Ready: {out}{err}\n{}", operator.logs());
-    let api: Api<StreamApp> = Api::namespaced(client.clone(), &n);
-
-    let keys: Vec<String> = (0..48).map(|i| format!("user-{i}")).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicUsize::new(0));
-    let producer = {
-        let (stop, rounds, keys, source) =
-            (stop.clone(), rounds.clone(), keys.clone(), source.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                produce(&source, &keys, 1, 1);
-                rounds.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+    let run = RunningApp::start("alos", |mut a| {
+        a.guarantee = "at_least_once";
+        a.replicas(2)
+    })
+    .await;
+    let (n, name) = (run.ns.name.clone(), run.name().to_string());
+    let keys = keys(48);
+    let input = Input::start(&run.app.source, &keys, Duration::from_millis(20));
 
     // Kill each pod's worker three times, alternating, each time once the app has
     // recovered and processed more input.
     for round in 0..6 {
         let pod = format!("{name}-{}", round % 2);
-        let before = rounds.load(Ordering::SeqCst);
+        let before = input.rounds();
         wait_for("more input to flow", Duration::from_secs(30), || async {
-            if rounds.load(Ordering::SeqCst) > before + 10 {
+            if input.rounds() > before + 10 {
                 Ok(())
             } else {
                 Err("waiting".to_string())
@@ -108,19 +65,13 @@ async fn killed_actives_hand_over_to_standbys_without_double_counting() {
         })
         .await;
         kill9(&n, &pod);
-        let (ok, out, err) = ready("180s");
-        assert!(ok, "not Ready after killing {pod}: {out}{err}");
+        run.wait_ready("180s");
         // The app reads Ready only once the restarted container reported again.
         wait_for(
             &format!("{pod} to run again"),
             Duration::from_secs(60),
             || async {
-                let st = api
-                    .get(&name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .status
-                    .unwrap_or_default();
+                let st = run.status().await?;
                 let i = st
                     .instances
                     .iter()
@@ -136,15 +87,13 @@ async fn killed_actives_hand_over_to_standbys_without_double_counting() {
         .await;
     }
 
-    stop.store(true, Ordering::SeqCst);
-    producer.join().expect("producer");
-    let want = rounds.load(Ordering::SeqCst) as u64;
+    let want = input.stop();
     let finals = wait_for(
         "every key's final count to equal what was produced",
         Duration::from_secs(120),
         || async {
             let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-            for (k, v) in read_committed(&app.sink()) {
+            for (k, v) in read_committed(&run.app.sink()) {
                 seen.entry(k)
                     .or_default()
                     .push(v["count"].as_u64().unwrap_or(0));
@@ -179,12 +128,7 @@ async fn killed_actives_hand_over_to_standbys_without_double_counting() {
     assert_eq!(finals.len(), keys.len());
 
     // The state itself, read back through the query API, is exact too.
-    let st = api
-        .get(&name)
-        .await
-        .expect("app")
-        .status
-        .unwrap_or_default();
+    let st = run.status().await.expect("status");
     let addr = st.instances[0].address.clone().expect("address");
     for k in &keys {
         let (code, body) = http_get(&addr, &format!("/v1/stores/totals/keys/{k}"))
@@ -197,8 +141,5 @@ async fn killed_actives_hand_over_to_standbys_without_double_counting() {
             "{k}: {body}"
         );
     }
-
-    apps::delete_all(&api).await;
-    ns.delete().await;
-    drop(operator);
+    run.finish().await;
 }

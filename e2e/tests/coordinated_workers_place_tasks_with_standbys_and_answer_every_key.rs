@@ -9,48 +9,23 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::StreamApp;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
-    wait_for,
+use oxbow_e2e::harness::{kubectl, wait_for};
+use oxbow_e2e::streams::{
+    RunningApp, exact_running_counts, http_get, keys, produce, read_committed,
 };
-use oxbow_e2e::streams::{CountingApp, exact_running_counts, http_get, produce, read_committed};
 
 #[tokio::test]
 async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_key() {
-    install_crd();
-    let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "place").await;
-    let n = ns.name.as_str();
-    let source = unique("events");
-    kafka::create_topic(&source, 12).await;
-    let operator = OperatorProcess::start_with(n, &["--failover-timeout", "15s"]);
-    let app = CountingApp::new(&unique("count"), &source);
-    let name = app.name.clone();
-    kafka::create_topic(&app.sink(), 12).await;
-    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&app.manifest()));
-    assert!(ok, "apply: {err}");
-
-    let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
-    produce(&source, &keys, 50, 3);
-
-    let (ok, out, err) = kubectl(
-        &[
-            "wait",
-            "-n",
-            n,
-            "--for=condition=Ready",
-            &format!("streamapp/{name}"),
-            "--timeout=240s",
-        ],
-        None,
+    let run = RunningApp::start("place", |a| a).await;
+    let (client, n, name, app) = (
+        run.client.clone(),
+        run.ns.name.as_str(),
+        run.name().to_string(),
+        &run.app,
     );
-    assert!(
-        ok,
-        "kubectl wait for Ready failed: {out}{err}\noperator log:\n{}",
-        operator.logs()
-    );
+    let keys = keys(60);
+    produce(&app.source, &keys, 50, 3);
 
     // The output is exact: per key the running counts 1..=50, once each.
     let counts = wait_for(
@@ -94,7 +69,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
     assert_eq!(actives.len(), 3, "every pod runs actives: {a:?}");
 
     // Every pod reports its own entry, acknowledging the published generation.
-    let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
+    let api = &run.api;
     let st = wait_for(
         "three status entries running the published assignment",
         Duration::from_secs(60),
@@ -213,6 +188,5 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
     )
     .await;
 
-    apps::delete_all(&api).await;
-    ns.delete().await;
+    run.finish().await;
 }

@@ -4,18 +4,13 @@
 //! input flowing throughout, the committed output is exact: per key the running counts
 //! are 1..n, each once, and n is everything produced.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use oxbow_crds::{InstanceStatus, StreamApp};
-use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
-    wait_for,
-};
-use oxbow_e2e::streams::{CountingApp, exact_running_counts, http_get, produce, read_committed};
+use oxbow_e2e::harness::{kubectl, wait_for};
+use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, wait_exactly_once};
 
 /// All 12 tasks are active on Running pods, counting only reports written after `since`
 /// (a deleted pod's last report must not pass for a running task).
@@ -59,47 +54,10 @@ fn after_now() -> Timestamp {
 
 #[tokio::test]
 async fn deleted_pods_and_volumes_lose_and_duplicate_nothing() {
-    install_crd();
-    let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "failover").await;
-    let n = ns.name.clone();
-    let source = unique("events");
-    kafka::create_topic(&source, 12).await;
-    let operator = OperatorProcess::start_with(&n, &["--failover-timeout", "15s"]);
-    let app = CountingApp::new(&unique("count"), &source);
-    let name = app.name.clone();
-    kafka::create_topic(&app.sink(), 12).await;
-    let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&app.manifest()));
-    assert!(ok, "apply: {err}");
-    let (ok, out, err) = kubectl(
-        &[
-            "wait",
-            "-n",
-            &n,
-            "--for=condition=Ready",
-            &format!("streamapp/{name}"),
-            "--timeout=240s",
-        ],
-        None,
-    );
-    assert!(ok, "not Ready: {out}{err}\n{}", operator.logs());
-    let api: Api<StreamApp> = Api::namespaced(client.clone(), &n);
-
-    // Input flows the whole time: one record per key per round.
-    let keys: Vec<String> = (0..48).map(|i| format!("user-{i}")).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicUsize::new(0));
-    let producer = {
-        let (stop, rounds, keys, source) =
-            (stop.clone(), rounds.clone(), keys.clone(), source.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                produce(&source, &keys, 1, 1);
-                rounds.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    let run = RunningApp::start("failover", |a| a).await;
+    let (n, name, api) = (run.ns.name.clone(), run.name().to_string(), &run.api);
+    let keys = keys(48);
+    let input = Input::start(&run.app.source, &keys, Duration::from_millis(50));
 
     // 1. A pod deleted with its volume: it comes back and restores only the tail.
     let pod1 = format!("{name}-1");
@@ -145,7 +103,7 @@ async fn deleted_pods_and_volumes_lose_and_duplicate_nothing() {
     .await;
     let since = after_now();
     wait_for("every task running again", Duration::from_secs(90), || {
-        all_tasks_running(&api, &name, since)
+        all_tasks_running(api, &name, since)
     })
     .await;
     // Its tasks went to their standbys meanwhile; balancing gives it tasks back once
@@ -211,7 +169,7 @@ async fn deleted_pods_and_volumes_lose_and_duplicate_nothing() {
     let placement = wait_for(
         "every task running again after losing a volume",
         Duration::from_secs(60),
-        || all_tasks_running(&api, &name, since),
+        || all_tasks_running(api, &name, since),
     )
     .await;
     let took = t0.elapsed();
@@ -224,44 +182,12 @@ async fn deleted_pods_and_volumes_lose_and_duplicate_nothing() {
     );
 
     // The recreated pod rebuilds (as a standby first) and the app is Ready again.
-    let (ok, out, err) = kubectl(
-        &[
-            "wait",
-            "-n",
-            &n,
-            "--for=condition=Ready",
-            &format!("streamapp/{name}"),
-            "--timeout=180s",
-        ],
-        None,
-    );
-    assert!(ok, "not Ready after the failovers: {out}{err}");
-
-    stop.store(true, Ordering::SeqCst);
-    producer.join().expect("producer thread");
-    let want = rounds.load(Ordering::SeqCst) as u64;
+    run.wait_ready("180s");
+    let want = input.stop();
     assert!(
         want >= 20,
         "input flowed during the failures: {want} rounds"
     );
-    wait_for(
-        "every produced record in the committed output, exactly once",
-        Duration::from_secs(120),
-        || async {
-            let c = exact_running_counts(&read_committed(&app.sink()))?;
-            let done = c.values().filter(|v| **v == want).count();
-            if let Some((k, v)) = c.iter().find(|(_, v)| **v > want) {
-                return Err(format!("key {k} counted {v} > {want} produced"));
-            }
-            if done == keys.len() {
-                Ok(())
-            } else {
-                Err(format!("{done}/{} keys at {want}", keys.len()))
-            }
-        },
-    )
-    .await;
-
-    apps::delete_all(&api).await;
-    ns.delete().await;
+    wait_exactly_once(&run.app.sink(), &keys, want).await;
+    run.finish().await;
 }

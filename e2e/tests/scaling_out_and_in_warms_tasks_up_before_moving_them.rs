@@ -4,8 +4,7 @@
 //! 200 ms; a gap of 1 s fails), pods leave only after their tasks moved, and the
 //! committed output is exact.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,11 +14,8 @@ use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use oxbow_crds::StreamApp;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
-    kubectl, unique, wait_for,
-};
-use oxbow_e2e::streams::{CountingApp, exact_running_counts, produce, read_committed};
+use oxbow_e2e::harness::{apps, kafka_bootstrap, kubectl, unique, wait_for};
+use oxbow_e2e::streams::{Input, RunningApp, keys, wait_exactly_once};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -91,20 +87,14 @@ async fn wait_settled(api: &Api<StreamApp>, name: &str, pods: usize) {
 
 #[tokio::test]
 async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
-    install_crd();
-    let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "scale").await;
-    let n = ns.name.clone();
-    let source = unique("events");
-    kafka::create_topic(&source, 12).await;
-    let operator = OperatorProcess::start_with(&n, &["--failover-timeout", "15s"]);
-    let app = CountingApp::new(&unique("count"), &source);
-    let name = app.name.clone();
-    kafka::create_topic(&app.sink(), 12).await;
-    let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&app.manifest()));
-    assert!(ok, "apply: {err}");
-    let api: Api<StreamApp> = Api::namespaced(client.clone(), &n);
-    wait_settled(&api, &name, 3).await;
+    let run = RunningApp::start("scale", |a| a).await;
+    let (client, n, name, api) = (
+        run.client.clone(),
+        run.ns.name.clone(),
+        run.name().to_string(),
+        &run.api,
+    );
+    wait_settled(api, &name, 3).await;
 
     // Every published assignment, in order.
     let history: Arc<Mutex<Vec<Assignment>>> = Arc::default();
@@ -138,25 +128,14 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
         })
     };
 
-    let keys: Vec<String> = (0..48).map(|i| format!("user-{i}")).collect();
+    let keys = keys(48);
     let stop = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicUsize::new(0));
     let arrivals: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let watcher_thread = {
-        let (stop, arrivals, topic) = (stop.clone(), arrivals.clone(), app.sink());
+        let (stop, arrivals, topic) = (stop.clone(), arrivals.clone(), run.app.sink());
         std::thread::spawn(move || watch_output(topic, stop, arrivals))
     };
-    let producer = {
-        let (stop, rounds, keys, source) =
-            (stop.clone(), rounds.clone(), keys.clone(), source.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                produce(&source, &keys, 1, 1);
-                rounds.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+    let input = Input::start(&run.app.source, &keys, Duration::from_millis(20));
     wait_for("output to flow", Duration::from_secs(30), || async {
         let n = arrivals.lock().map(|a| a.len()).unwrap_or(0);
         if n > 100 {
@@ -174,7 +153,7 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
         None,
     );
     assert!(ok, "scale to 4: {err}");
-    wait_settled(&api, &name, 4).await;
+    wait_settled(api, &name, 4).await;
     let out_end = Instant::now();
 
     // Scale in: 4 → 2.
@@ -183,7 +162,7 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
         None,
     );
     assert!(ok, "scale to 2: {err}");
-    wait_settled(&api, &name, 2).await;
+    wait_settled(api, &name, 2).await;
     let in_end = Instant::now();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &n);
     wait_for(
@@ -205,8 +184,8 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
     )
     .await;
 
+    let want = input.stop();
     stop.store(true, Ordering::SeqCst);
-    producer.join().expect("producer");
     watcher_thread.join().expect("output watcher");
     cm_watch.abort();
 
@@ -252,23 +231,6 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
     }
     assert!(moves >= 3, "scaling moved {moves} tasks: {history:?}");
 
-    let want = rounds.load(Ordering::SeqCst) as u64;
-    wait_for(
-        "every produced record in the committed output, exactly once",
-        Duration::from_secs(120),
-        || async {
-            let c = exact_running_counts(&read_committed(&app.sink()))?;
-            let done = c.values().filter(|v| **v == want).count();
-            if done == keys.len() {
-                Ok(())
-            } else {
-                let sample: BTreeMap<_, _> = c.iter().take(3).collect();
-                Err(format!("{done}/{} keys at {want}: {sample:?}", keys.len()))
-            }
-        },
-    )
-    .await;
-    apps::delete_all(&api).await;
-    ns.delete().await;
-    drop(operator);
+    wait_exactly_once(&run.app.sink(), &keys, want).await;
+    run.finish().await;
 }

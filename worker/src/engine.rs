@@ -792,42 +792,27 @@ impl Engine {
             Some(db) => db,
             None => self.open_db(id)?,
         };
-        let checkpoint = db.checkpoint()?;
         let mut next = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         // Reported from the start: a copy without a lag would look cold to placement.
         let mut lag = 0;
-        for store in self.task_stores(id) {
-            let topic = changelog_topic(&self.app.application_id, &store);
-            let (low, high) = self
-                .side
-                .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
-                .map_err(|e| EngineError::Restore {
-                    task: id,
-                    store: store.0.clone(),
-                    topic: topic.clone(),
-                    message: e.to_string(),
-                })?;
-            let from = match plan(RestoreFacts {
-                checkpoint: checkpoint.changelog.get(&store).copied(),
-                log_start: low,
-                log_end: high,
-                local_empty: db.is_empty(&store)?,
-            }) {
-                RestorePlan::UpToDate => high,
+        let stores = self.task_stores(id);
+        for p in plan_stores(&self.app, &self.side, &db, id, &stores)? {
+            let from = match p.plan {
+                RestorePlan::UpToDate => p.log_end,
                 RestorePlan::Tail { from, .. } => from,
                 RestorePlan::Full { from, wipe, .. } => {
                     if wipe {
-                        tracing::warn!(task = %id, store = %store, "standby copy is not a prefix of its changelog: wiping it");
-                        db.wipe(&store)?;
+                        tracing::warn!(task = %id, store = %p.store, "standby copy is not a prefix of its changelog: wiping it");
+                        db.wipe(&p.store)?;
                     }
                     from
                 }
             };
-            tpl.add_partition_offset(&topic, id.0 as i32, Offset::Offset(from))
+            tpl.add_partition_offset(&p.topic, id.0 as i32, Offset::Offset(from))
                 .map_err(EngineError::AssignPartitions)?;
-            lag += (high - from).max(0);
-            next.insert(store, from);
+            lag += (p.log_end - from).max(0);
+            next.insert(p.store, from);
         }
         self.consumer
             .incremental_assign(&tpl)
@@ -1460,16 +1445,25 @@ fn drain_held(sb: &mut Standby, sources: &[String]) {
     }
 }
 
-/// The changelog records a task's restore will read, planned as [`restore_task`] plans.
-fn restore_total(
+/// Each store's restore plan from its checkpoint and its changelog's watermarks, with
+/// the changelog topic and the log end. Restore, the announcement of what a restore will
+/// read, and a standby's starting point all plan the same way.
+struct StorePlan {
+    store: StoreName,
+    topic: String,
+    plan: RestorePlan,
+    log_end: i64,
+}
+
+fn plan_stores(
     app: &App,
     consumer: &BaseConsumer,
     db: &TaskDb,
     id: TaskId,
     stores: &[StoreName],
-) -> Result<u64, EngineError> {
+) -> Result<Vec<StorePlan>, EngineError> {
     let checkpoint = db.checkpoint()?;
-    let mut total = 0;
+    let mut out = Vec::new();
     for store in stores {
         let topic = changelog_topic(&app.application_id, store);
         let (low, high) = consumer
@@ -1480,19 +1474,39 @@ fn restore_total(
                 topic: topic.clone(),
                 message: e.to_string(),
             })?;
-        total += match plan(RestoreFacts {
+        let plan = plan(RestoreFacts {
             checkpoint: checkpoint.changelog.get(store).copied(),
             log_start: low,
             log_end: high,
             local_empty: db.is_empty(store)?,
-        }) {
+        });
+        out.push(StorePlan {
+            store: store.clone(),
+            topic,
+            plan,
+            log_end: high,
+        });
+    }
+    Ok(out)
+}
+
+/// The changelog records a task's restore will read.
+fn restore_total(
+    app: &App,
+    consumer: &BaseConsumer,
+    db: &TaskDb,
+    id: TaskId,
+    stores: &[StoreName],
+) -> Result<u64, EngineError> {
+    Ok(plan_stores(app, consumer, db, id, stores)?
+        .iter()
+        .map(|p| match p.plan {
             RestorePlan::UpToDate => 0,
             RestorePlan::Tail { from, to } | RestorePlan::Full { from, to, .. } => {
                 (to - from).max(0) as u64
             }
-        };
-    }
-    Ok(total)
+        })
+        .sum())
 }
 
 /// Restores every store of a task: tail from the checkpoint, or a full rebuild (bulk
@@ -1507,30 +1521,19 @@ fn restore_task(
     shared: &Shared,
 ) -> Result<RestoreProgress, EngineError> {
     let started = Instant::now();
-    let checkpoint = task.db.checkpoint()?;
     let mut total = RestoreProgress {
         mode: "upToDate".into(),
         ..Default::default()
     };
     let id = task.id;
     let mut plans = Vec::new();
-    for store in stores {
-        let topic = changelog_topic(&app.application_id, store);
-        let (low, high) = consumer
-            .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
-            .map_err(|e| EngineError::Restore {
-                task: id,
-                store: store.0.clone(),
-                topic: topic.clone(),
-                message: e.to_string(),
-            })?;
-        let facts = RestoreFacts {
-            checkpoint: checkpoint.changelog.get(store).copied(),
-            log_start: low,
-            log_end: high,
-            local_empty: task.db.is_empty(store)?,
-        };
-        let p = plan(facts);
+    for StorePlan {
+        store,
+        topic,
+        plan: p,
+        ..
+    } in plan_stores(app, consumer, &task.db, id, stores)?
+    {
         match &p {
             RestorePlan::UpToDate => {}
             RestorePlan::Tail { from, to } => {
@@ -1555,7 +1558,7 @@ fn restore_task(
                 );
             }
         }
-        plans.push((store.clone(), topic, p));
+        plans.push((store, topic, p));
     }
     total.remaining = total.total;
     shared.task(id.0, |t| t.restore = Some(total.clone()));
