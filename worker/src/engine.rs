@@ -1386,6 +1386,18 @@ impl Engine {
     }
 }
 
+/// The source offsets a changelog record says produced it ([`SOURCE_HEADER`]).
+fn source_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<BTreeMap<String, i64>> {
+    m.headers()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h.key == SOURCE_HEADER)
+                .and_then(|h| h.value)
+        })
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(parse_source_header)
+}
+
 /// Applies one changelog record to a standby.
 fn apply_standby_record(
     standbys: &mut BTreeMap<TaskId, Standby>,
@@ -1406,15 +1418,7 @@ fn apply_standby_record(
         sb.next.insert(store, m.offset() + 1);
         return;
     };
-    let source = m
-        .headers()
-        .and_then(|h| {
-            h.iter()
-                .find(|h| h.key == SOURCE_HEADER)
-                .and_then(|h| h.value)
-        })
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(parse_source_header);
+    let source = source_of(m);
     let rec = HeldRecord {
         store,
         offset: m.offset(),
@@ -1672,15 +1676,7 @@ fn restore_store(
                     break;
                 }
                 last_offset = m.offset();
-                let header = m
-                    .headers()
-                    .and_then(|h| {
-                        h.iter()
-                            .find(|h| h.key == SOURCE_HEADER)
-                            .and_then(|h| h.value)
-                    })
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(parse_source_header);
+                let header = source_of(&m);
                 if let Some(committed) = committed
                     && !produced_by_committed_work(header.as_ref(), committed, source_topics)
                 {

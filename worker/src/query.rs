@@ -775,6 +775,17 @@ pub struct Queries {
 }
 
 impl Queries {
+    /// The store's catalog entry, or the 404 that names the stores there are.
+    fn store_info(&self, store: &str) -> Result<StoreInfo, Answer> {
+        self.catalog.stores.get(store).cloned().ok_or_else(|| {
+            Answer::error(
+                404,
+                format!("store {store:?} does not exist; {}", self.catalog.known()),
+                json!({ "store": store }),
+            )
+        })
+    }
+
     pub fn new(shared: Arc<Shared>, catalog: Catalog) -> Self {
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
@@ -826,12 +837,9 @@ impl Queries {
             Ok(p) => p,
             Err(e) => return Answer::bad(e),
         };
-        let Some(info) = self.catalog.stores.get(&store).cloned() else {
-            return Answer::error(
-                404,
-                format!("store {store:?} does not exist; {}", self.catalog.known()),
-                json!({ "store": store }),
-            );
+        let info = match self.store_info(&store) {
+            Ok(i) => i,
+            Err(a) => return a,
         };
         if windows && !info.layout.windowed() {
             return Answer::bad(BadRequest(format!(
@@ -1130,12 +1138,9 @@ impl Queries {
             Ok(p) => p,
             Err(e) => return Answer::bad(e),
         };
-        let Some(info) = self.catalog.stores.get(&store).cloned() else {
-            return Answer::error(
-                404,
-                format!("store {store:?} does not exist; {}", self.catalog.known()),
-                json!({ "store": store }),
-            );
+        let info = match self.store_info(&store) {
+            Ok(i) => i,
+            Err(a) => return a,
         };
         if let (Some(f), Some(t)) = (&params.from, &params.to)
             && f.as_bytes() > t.as_bytes()
