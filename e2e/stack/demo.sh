@@ -2,7 +2,7 @@
 # `make demo`: shows the local stack at work (a StatefulSet scheduled onto the local node,
 # Kafka taking and returning a record), then installs the StreamApp CRD, runs the
 # operator and applies examples/fraud-detection.yaml: topics, workers and a Ready status.
-# Until the worker engine lands, the example runs the stand-in worker image.
+# The workers are the real oxbow-worker: payments go in, alerts come out, a query answers.
 source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck disable=SC1091
@@ -34,19 +34,57 @@ echo "   produced and consumed '$msg' on compacted topic $topic"
 echo "== Oxbow operator"
 kubectl apply --server-side --force-conflicts -f "$here/../../charts/oxbow/crds/streamapps.oxbow.dev.yaml" >/dev/null
 kubectl wait --for=condition=Established crd/streamapps.oxbow.dev --timeout=60s >/dev/null
-if ! running oxbow-operator; then
-  start oxbow-operator env KUBECONFIG="$KUBECONFIG" "$CARGO_TARGET_DIR/release/oxbow-operator" run \
-    --namespace "$ns" --metrics-addr 127.0.0.1:18081 --worker-image oxbow-standin:demo
-fi
-kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" \
-  --create --if-not-exists --topic payments --partitions 4
-sed -e "s|bootstrapServers: .*|bootstrapServers: $KAFKA_BOOTSTRAP|" -e 's|^spec:|spec:\n  image: oxbow-standin:demo|' \
+# Always the operator just built, with the worker image it releases with.
+stop oxbow-operator
+start oxbow-operator env KUBECONFIG="$KUBECONFIG" "$CARGO_TARGET_DIR/release/oxbow-operator" run \
+  --namespace "$ns" --metrics-addr 127.0.0.1:18081 --worker-image oxbow-worker:demo
+# A previous run's app (maybe an older image) goes first; its topics and volumes are kept.
+kubectl delete streamapp -n "$ns" fraud-detection --ignore-not-found --wait=true --timeout=120s >/dev/null
+for t in payments risk-alerts; do
+  kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" \
+    --create --if-not-exists --topic "$t" --partitions 4
+done
+sed -e "s|bootstrapServers: .*|bootstrapServers: $KAFKA_BOOTSTRAP|" \
   "$here/../../examples/fraud-detection.yaml" | kubectl apply -n "$ns" -f -
 kubectl wait -n "$ns" --for=condition=Ready streamapp/fraud-detection --timeout=180s
 kubectl get streamapp -n "$ns"
 kubectl get streamapp -n "$ns" fraud-detection \
   -o jsonpath='{range .status.topics[*]}   topic {.name}: {.partitions} partitions, ready={.ready}{"\n"}{end}'
+kubectl get streamapp -n "$ns" fraud-detection \
+  -o jsonpath='{range .status.instances[*]}   pod {.pod} ({.address}): {.state}, active tasks {.activeTasks}, standby tasks {.standbyTasks}{"\n"}{end}'
 kubectl get statefulset,pods,pvc -n "$ns" -l oxbow.dev/streamapp=fraud-detection
+
+echo "== Payments through the real workers"
+# A fresh user each run (state outlives runs): 7 payments of 300.00, one of them sent
+# twice (dedupe drops the copy), so alerts say count 6 and 7, never 8; u-7 pays twice.
+now=$(date +%s%3N)
+user="u-$(date +%s)"
+{
+  for i in 1 2 3 4 5 6 7; do
+    echo "$user|{\"txId\":\"$user-$i\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
+  done
+  echo "$user|{\"txId\":\"$user-3\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
+  for i in 1 2; do
+    echo "u-7|{\"txId\":\"$user-u7-$i\",\"userId\":\"u-7\",\"amount\":1500,\"ts\":$now}"
+  done
+} | kafka_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "$KAFKA_BOOTSTRAP" \
+  --topic payments --property parse.key=true --property key.separator='|'
+echo "   produced 10 payments (one duplicate) for $user and u-7"
+alerts=""
+for _ in $(seq 30); do
+  alerts=$(kafka_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$KAFKA_BOOTSTRAP" \
+    --topic risk-alerts --from-beginning --timeout-ms 5000 --isolation-level read_committed \
+    --property print.key=true 2>/dev/null | grep "^$user" || true)
+  grep -q '"count":7' <<<"$alerts" && break
+done
+grep -q '"count":7' <<<"$alerts" \
+  || die "no alert with count 7 for $user reached risk-alerts (worker logs: $STACK_DIR/node/logs/${ns}_fraud-detection-*_worker.log)"
+grep -q '"count":8' <<<"$alerts" && die "the duplicate payment was counted: $alerts"
+echo "   alerts on risk-alerts (read_committed; the duplicate was not counted):"
+sed 's/^/     /' <<<"$alerts"
+ip=$(kubectl get streamapp -n "$ns" fraud-detection -o jsonpath='{.status.instances[0].address}')
+echo "   query any worker: curl http://$ip/v1/stores/per-user/keys/$user"
+curl -fsS "http://$ip/v1/stores/per-user/keys/$user" | python3 -m json.tool | sed 's/^/     /' | head -40
 
 echo
 echo "Demo OK. The stack keeps running: . $STACK_DIR/env; kubectl get sapp -A; make status; make down"
