@@ -838,7 +838,7 @@ impl Engine {
             },
         );
         if self.app.guarantee == ProcessingGuarantee::AtLeastOnce {
-            self.refresh_standby_offsets(id);
+            self.refresh_standby_offsets(&[id]);
         }
         Ok(())
     }
@@ -868,15 +868,27 @@ impl Engine {
     }
 
     /// At-least-once: the group's committed offsets of a standby's source partitions.
-    fn refresh_standby_offsets(&mut self, id: TaskId) {
-        let tpl = self.source_tpl(id);
-        if let Ok(c) = self.side.committed_offsets(tpl, Duration::from_secs(5))
-            && let Some(sb) = self.standbys.get_mut(&id)
-        {
-            for e in c.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    sb.committed.insert(e.topic().to_string(), o);
-                }
+    /// At-least-once: the group's committed offsets of these standbys' source
+    /// partitions, in one request (it runs on the processing thread).
+    fn refresh_standby_offsets(&mut self, ids: &[TaskId]) {
+        let mut tpl = TopicPartitionList::new();
+        for id in ids {
+            for topic in &self.app.manifest.spec.source.topics {
+                tpl.add_partition(topic, id.0 as i32);
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        let Ok(c) = self.side.committed_offsets(tpl, Duration::from_secs(5)) else {
+            return;
+        };
+        for e in c.elements() {
+            if let (Offset::Offset(o), Some(sb)) = (
+                e.offset(),
+                self.standbys.get_mut(&TaskId(e.partition() as u32)),
+            ) {
+                sb.committed.insert(e.topic().to_string(), o);
             }
         }
     }
@@ -1065,12 +1077,12 @@ impl Engine {
             .map(|(t, _)| *t)
             .collect();
         let sources = self.app.manifest.spec.source.topics.clone();
+        if alos {
+            self.refresh_standby_offsets(&ids);
+        }
         for t in ids {
-            if alos {
-                self.refresh_standby_offsets(t);
-                if let Some(sb) = self.standbys.get_mut(&t) {
-                    drain_held(sb, &sources);
-                }
+            if let Some(sb) = self.standbys.get_mut(&t) {
+                drain_held(sb, &sources);
             }
             self.flush_standby(t)?;
         }
