@@ -1482,9 +1482,8 @@ fn plan_stores(
     let mut out = Vec::new();
     for store in stores {
         let topic = changelog_topic(&app.application_id, store);
-        let (low, high) = consumer
-            .fetch_watermarks(&topic, id.0 as i32, KAFKA_TIMEOUT)
-            .map_err(|e| EngineError::Restore {
+        let (low, high) =
+            watermarks(consumer, &topic, id.0 as i32).map_err(|e| EngineError::Restore {
                 task: id,
                 store: store.0.clone(),
                 topic: topic.clone(),
@@ -1504,6 +1503,27 @@ fn plan_stores(
         });
     }
     Ok(out)
+}
+
+/// A partition's watermarks, retried while the cluster settles: right after a broker
+/// restart, leadership moves and the first requests fail with `NotLeaderForPartition`
+/// for a moment, which must not stop a worker that is starting.
+fn watermarks(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64), KafkaError> {
+    let deadline = Instant::now() + KAFKA_TIMEOUT;
+    loop {
+        match consumer.fetch_watermarks(topic, partition, KAFKA_TIMEOUT) {
+            Ok(w) => return Ok(w),
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(topic, partition, error = %e, "watermarks not available yet: retrying");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The changelog records a task's restore will read.
