@@ -381,3 +381,20 @@ pub async fn wait_exactly_once(sink: &str, keys: &[String], want: u64) {
     )
     .await;
 }
+
+/// The uid of pod `pod` (empty while it does not exist): a recreated pod has a new one.
+pub fn pod_uid(ns: &str, pod: &str) -> String {
+    kubectl(
+        &[
+            "get",
+            "pod",
+            "-n",
+            ns,
+            pod,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+        None,
+    )
+    .1
+}

@@ -7,24 +7,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oxbow_e2e::harness::{kubectl, stack_var, wait_for};
-use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, read_committed};
+use oxbow_e2e::harness::{stack_var, wait_for};
+use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, pod_uid, read_committed};
 
 /// SIGKILLs the worker container of `pod`, as the OOM killer would.
 fn kill9(ns: &str, pod: &str) {
-    let uid = kubectl(
-        &[
-            "get",
-            "pod",
-            "-n",
-            ns,
-            pod,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ],
-        None,
-    )
-    .1;
+    let uid = pod_uid(ns, pod);
     let pid_file = std::path::Path::new(&stack_var("OXBOW_STACK_DIR"))
         .join("node/pids")
         .join(format!("{uid}-worker.pid"));

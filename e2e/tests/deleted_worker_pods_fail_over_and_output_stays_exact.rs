@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use oxbow_crds::{InstanceStatus, StreamApp};
 use oxbow_e2e::harness::{kubectl, wait_for};
-use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, wait_exactly_once};
+use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, pod_uid, wait_exactly_once};
 
 /// All 12 tasks are active on Running pods, counting only reports written after `since`
 /// (a deleted pod's last report must not pass for a running task).
@@ -61,38 +61,14 @@ async fn deleted_pods_and_volumes_lose_and_duplicate_nothing() {
 
     // 1. A pod deleted with its volume: it comes back and restores only the tail.
     let pod1 = format!("{name}-1");
-    let uid_before = kubectl(
-        &[
-            "get",
-            "pod",
-            "-n",
-            &n,
-            &pod1,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ],
-        None,
-    )
-    .1;
+    let uid_before = pod_uid(&n, &pod1);
     let (ok, _, err) = kubectl(&["delete", "pod", "-n", &n, &pod1, "--wait=false"], None);
     assert!(ok, "{err}");
     wait_for(
         "the deleted pod to be recreated",
         Duration::from_secs(60),
         || async {
-            let uid = kubectl(
-                &[
-                    "get",
-                    "pod",
-                    "-n",
-                    &n,
-                    &pod1,
-                    "-o",
-                    "jsonpath={.metadata.uid}",
-                ],
-                None,
-            )
-            .1;
+            let uid = pod_uid(&n, &pod1);
             if !uid.is_empty() && uid != uid_before {
                 Ok(())
             } else {
