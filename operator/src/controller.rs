@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
@@ -28,13 +29,36 @@ use serde_json::json;
 use crate::build::{self, APP_LABEL, BuildContext, BuildError, Children};
 use crate::metrics::Metrics;
 use crate::placement::{self, PlacementConfig, Plan};
-use crate::status::{self, StatusInput, Verdict, WorkloadFacts};
+use crate::status::{self, StatusInput, Verdict, WorkloadFacts, reason};
 use crate::topics::{self, KafkaAdmin, TopicAction, TopicError};
 
 pub const FINALIZER: &str = "oxbow.dev/cleanup";
 pub const FIELD_MANAGER: &str = "oxbow-operator";
 
-/// Errors of one reconciliation. The variant name is the metric label and event reason.
+/// The reasons of the events the operator emits, listed so a test can hold them against
+/// docs/streamapp.md. Besides these, an app that stalls gets a Warning whose reason is
+/// the `Stalled` condition's (see [`status::reason`]).
+pub mod event_reason {
+    pub const TOPIC_CREATED: &str = "TopicCreated";
+    pub const TOPIC_PARTITIONS_ADDED: &str = "TopicPartitionsAdded";
+    pub const TOPIC_CONFIG_CORRECTED: &str = "TopicConfigCorrected";
+    pub const READY: &str = "Ready";
+    pub const NOT_READY: &str = "NotReady";
+    pub const CLEANED_UP: &str = "CleanedUp";
+    pub const CLEANUP_TIMED_OUT: &str = "CleanupTimedOut";
+    pub const ALL: &[&str] = &[
+        TOPIC_CREATED,
+        TOPIC_PARTITIONS_ADDED,
+        TOPIC_CONFIG_CORRECTED,
+        READY,
+        NOT_READY,
+        CLEANED_UP,
+        CLEANUP_TIMED_OUT,
+    ];
+}
+
+/// Errors of one reconciliation. The variant name is the metric label (no event is
+/// emitted for them: the status conditions say what is wrong).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to apply {kind} {name}: {source}")]
@@ -234,6 +258,7 @@ fn short_kind<K: Resource<DynamicType = ()>>() -> &'static str {
         "Service" => "Service",
         "StatefulSet" => "StatefulSet",
         "PodDisruptionBudget" => "PodDisruptionBudget",
+        "NetworkPolicy" => "NetworkPolicy",
         _ => "object",
     }
 }
@@ -256,14 +281,20 @@ async fn apply_children(
     // 3. Services: the StatefulSet's serviceName must exist for stable pod identities.
     ssa(client, ns, &c.headless_service).await?;
     ssa(client, ns, &c.client_service).await?;
-    // 4. The workload.
+    // 4. The NetworkPolicy before the workload, so no pod serves queries unguarded;
+    //    removed when the operator no longer runs with --network-policy.
+    match &c.network_policy {
+        Some(np) => ssa(client, ns, np).await?,
+        None => prune::<NetworkPolicy>(client, ns, app, &[]).await?,
+    }
+    // 5. The workload.
     ssa(client, ns, &c.stateful_set).await?;
-    // 5. The task assignment, only when it changed, after the StatefulSet: its pods
+    // 6. The task assignment, only when it changed, after the StatefulSet: its pods
     //    may be new to it, and a scale-in that it completes was sized by it.
     if let Some(cm) = assignment {
         ssa(client, ns, cm).await?;
     }
-    // 6. Disruption budget: only meaningful with more than one worker; removed otherwise.
+    // 7. Disruption budget: only meaningful with more than one worker; removed otherwise.
     if app.spec.replicas > 1 {
         ssa(client, ns, &c.pod_disruption_budget).await?;
     } else {
@@ -342,7 +373,7 @@ async fn reconcile_topics(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        "TopicCreated",
+                        event_reason::TOPIC_CREATED,
                         format!("created topic {} with {} partitions", w.name, w.partitions),
                     )
                     .await;
@@ -353,7 +384,7 @@ async fn reconcile_topics(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        "TopicPartitionsAdded",
+                        event_reason::TOPIC_PARTITIONS_ADDED,
                         format!("topic {} grown to {n} partitions", w.name),
                     )
                     .await;
@@ -369,7 +400,7 @@ async fn reconcile_topics(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        "TopicConfigCorrected",
+                        event_reason::TOPIC_CONFIG_CORRECTED,
                         format!("topic {}: set {what}", w.name),
                     )
                     .await;
@@ -472,7 +503,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let admin = match ctx.admin(app, secret.as_ref().unwrap_or(&BTreeMap::new())) {
         Ok(a) => Some(a),
         Err(e) => {
-            source_problem = Some(Verdict::stalled("InvalidKafkaProperties", e.to_string()));
+            source_problem = Some(Verdict::stalled(
+                reason::INVALID_KAFKA_PROPERTIES,
+                e.to_string(),
+            ));
             None
         }
     };
@@ -496,7 +530,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let mut kafka_error = None;
     if let (None, Some(r)) = (&secret, &app.spec.kafka.secret_ref) {
         source_problem = Some(Verdict::stalled(
-            "KafkaSecretMissing",
+            reason::KAFKA_SECRET_MISSING,
             format!(
                 "Secret {} named by spec.kafka.secretRef does not exist",
                 r.name
@@ -508,7 +542,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Ok(counts) => match task_count(&counts) {
             Ok(n) => Some(n),
             Err(e) => {
-                source_problem = Some(Verdict::stalled(e.reason(), e.to_string()));
+                source_problem = Some(Verdict::stalled(reason::of(&e), e.to_string()));
                 None
             }
         },
@@ -518,7 +552,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let invalid = (!spec_errors.is_empty()).then(|| {
-        let reason = spec_errors[0].reason();
+        let reason = reason::of(&spec_errors[0]);
         let msg = spec_errors
             .iter()
             .map(ToString::to_string)
@@ -599,20 +633,22 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Error::ApplyChild {
             source: kube::Error::Api(s),
             ..
-        } if matches!(s.code, 400 | 403 | 422) => Verdict::stalled("ApplyRejected", e.to_string()),
-        Error::BuildChildren(_) => Verdict::stalled("BuildFailed", e.to_string()),
-        _ => Verdict::waiting("ApplyFailed", e.to_string()),
+        } if matches!(s.code, 400 | 403 | 422) => {
+            Verdict::stalled(reason::APPLY_REJECTED, e.to_string())
+        }
+        Error::BuildChildren(_) => Verdict::stalled(reason::BUILD_FAILED, e.to_string()),
+        _ => Verdict::waiting(reason::APPLY_FAILED, e.to_string()),
     });
 
     // --- topics (only once the task count is known).
     let mut topic_statuses = Vec::new();
     let topics_verdict = if let Some(e) = &kafka_error {
-        Verdict::waiting("KafkaUnreachable", e.to_string())
+        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
     } else if let Some(p) = &source_problem {
         p.clone()
     } else if invalid.is_some() {
         Verdict::waiting(
-            "SpecInvalid",
+            reason::SPEC_INVALID,
             "topics are not reconciled while the spec is invalid",
         )
     } else if let (Some(tasks), Some(admin)) = (tasks, &admin) {
@@ -623,8 +659,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             }
             Err(Error::Topics(e)) => {
                 let reason = match &e {
-                    TopicError::KafkaUnreachable { .. } => "KafkaUnreachable",
-                    _ => "TopicOperationFailed",
+                    TopicError::KafkaUnreachable { .. } => reason::KAFKA_UNREACHABLE,
+                    _ => reason::TOPIC_OPERATION_FAILED,
                 };
                 let v = Verdict::waiting(reason, e.to_string());
                 kafka_error = Some(e);
@@ -633,7 +669,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             Err(e) => return Err(e),
         }
     } else {
-        Verdict::waiting("TasksUnknown", "source partition counts are not known yet")
+        Verdict::waiting(
+            reason::TASKS_UNKNOWN,
+            "source partition counts are not known yet",
+        )
     };
 
     // --- status.
@@ -706,7 +745,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         ctx.event(
             app,
             EventType::Normal,
-            "Ready",
+            event_reason::READY,
             "topics exist, every worker is ready and restored".into(),
         )
         .await;
@@ -717,7 +756,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .find(|c| c.type_ == status::READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        ctx.event(app, EventType::Warning, "NotReady", why).await;
+        ctx.event(app, EventType::Warning, event_reason::NOT_READY, why)
+            .await;
     }
     if let Some(s) = &stalled
         && was_stalled_reason.as_deref() != Some(s.reason.as_str())
@@ -851,7 +891,7 @@ async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         ctx.event(
             app,
             EventType::Normal,
-            "CleanedUp",
+            event_reason::CLEANED_UP,
             format!("deleted {} per deletionPolicy", work.join(" and ")),
         )
         .await;
@@ -873,15 +913,20 @@ async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         work.join(" and "),
         ctx.cleanup_timeout.as_secs()
     );
-    ctx.event(app, EventType::Warning, "CleanupTimedOut", msg.clone())
-        .await;
+    ctx.event(
+        app,
+        EventType::Warning,
+        event_reason::CLEANUP_TIMED_OUT,
+        msg.clone(),
+    )
+    .await;
     let mut st = app.status.clone().unwrap_or_default();
     st.conditions.retain(|c| c.type_ != status::STALLED);
     st.conditions
         .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
             type_: status::STALLED.into(),
             status: "True".into(),
-            reason: "CleanupTimedOut".into(),
+            reason: reason::CLEANUP_TIMED_OUT.as_str().into(),
             message: msg,
             observed_generation: app.metadata.generation,
             last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -948,7 +993,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns(api!(ServiceAccount), children.clone())
         .owns(api!(Role), children.clone())
         .owns(api!(RoleBinding), children.clone())
-        .owns(api!(PodDisruptionBudget), children)
+        .owns(api!(PodDisruptionBudget), children.clone())
+        .owns(api!(NetworkPolicy), children)
         // Worker pods belong to the StatefulSet, not the StreamApp: map them by label,
         // so a pod that goes away or turns unready starts a failover at once.
         .watches(

@@ -18,6 +18,87 @@ pub const WORKLOAD_READY: &str = "WorkloadReady";
 pub const RESTORED: &str = "Restored";
 pub const TASKS_ASSIGNED: &str = "TasksAssigned";
 
+/// A condition reason. Only the constants of [`reason`] exist (the field is private), so
+/// a new reason cannot be set without being listed in [`reason::ALL`], which a test
+/// holds against the conditions table of docs/streamapp.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reason(&'static str);
+
+impl Reason {
+    pub const fn as_str(self) -> &'static str {
+        self.0
+    }
+}
+
+/// Every reason the operator sets on a condition, with the condition types it is set on
+/// (the detail condition it comes from; `Ready` and `Reconciling` or `Stalled` repeat
+/// the reason of whatever blocks Ready).
+pub mod reason {
+    use oxbow_crds::validate::ValidationError;
+
+    use super::Reason;
+
+    macro_rules! reasons {
+        ($($name:ident = $text:literal on [$($on:expr),+];)+) => {
+            $(pub const $name: Reason = Reason($text);)+
+            /// Each reason with the condition types it is set on.
+            pub const ALL: &[(Reason, &[&str])] = &[$(($name, &[$($on),+])),+];
+        };
+    }
+
+    reasons! {
+        READY = "Ready" on [super::READY];
+        NOT_RECONCILING = "NotReconciling" on [super::RECONCILING];
+        NOT_STALLED = "NotStalled" on [super::STALLED];
+        CLEANUP_TIMED_OUT = "CleanupTimedOut" on [super::STALLED];
+        // Spec problems found by crds/src/validate.rs, and children the API server refuses.
+        INVALID_EXPRESSION = "InvalidExpression" on [super::READY, super::STALLED];
+        INVALID_DURATION = "InvalidDuration" on [super::READY, super::STALLED];
+        DUPLICATE_STORE = "DuplicateStore" on [super::READY, super::STALLED];
+        UNUSED_STORE_SETTINGS = "UnusedStoreSettings" on [super::READY, super::STALLED];
+        APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
+        BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
+        APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
+        TOPICS_READY = "TopicsReady" on [super::TOPICS_READY];
+        TOPICS_PROVISIONING = "TopicsProvisioning" on [super::TOPICS_READY];
+        CONFIG_DRIFT = "ConfigDrift" on [super::TOPICS_READY];
+        SOURCE_TOPICS_MISSING = "SourceTopicsMissing" on [super::TOPICS_READY];
+        SOURCE_TOPICS_NOT_CO_PARTITIONED = "SourceTopicsNotCoPartitioned" on [super::TOPICS_READY];
+        KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
+        INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
+        KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
+        TOPIC_OPERATION_FAILED = "TopicOperationFailed" on [super::TOPICS_READY];
+        SPEC_INVALID = "SpecInvalid" on [super::TOPICS_READY];
+        TASKS_UNKNOWN = "TasksUnknown" on [super::TOPICS_READY];
+        ASSIGNED = "Assigned" on [super::TASKS_ASSIGNED];
+        ASSIGNMENT_PENDING = "AssignmentPending" on [super::TASKS_ASSIGNED];
+        TASK_FAILED = "TaskFailed" on [super::TASKS_ASSIGNED];
+        SCALED_TO_ZERO = "ScaledToZero" on [super::TASKS_ASSIGNED, super::WORKLOAD_READY];
+        ALL_WORKERS_READY = "AllWorkersReady" on [super::WORKLOAD_READY];
+        STATEFUL_SET_MISSING = "StatefulSetMissing" on [super::WORKLOAD_READY];
+        DRAINING = "Draining" on [super::WORKLOAD_READY];
+        SCALING_IN = "ScalingIn" on [super::WORKLOAD_READY];
+        ROLLING_UPDATE = "RollingUpdate" on [super::WORKLOAD_READY];
+        WORKERS_NOT_READY = "WorkersNotReady" on [super::WORKLOAD_READY];
+        RESTORED = "Restored" on [super::RESTORED];
+        NO_STATE = "NoState" on [super::RESTORED];
+        RESTORING = "Restoring" on [super::RESTORED];
+    }
+
+    /// The reason of a problem found by validation. Exhaustive, so a new kind of
+    /// problem needs a reason here too.
+    pub fn of(e: &ValidationError) -> Reason {
+        match e {
+            ValidationError::InvalidExpression { .. } => INVALID_EXPRESSION,
+            ValidationError::InvalidDuration { .. } => INVALID_DURATION,
+            ValidationError::DuplicateStore { .. } => DUPLICATE_STORE,
+            ValidationError::UnusedStoreSettings { .. } => UNUSED_STORE_SETTINGS,
+            ValidationError::SourceTopicsMissing { .. } => SOURCE_TOPICS_MISSING,
+            ValidationError::NotCoPartitioned { .. } => SOURCE_TOPICS_NOT_CO_PARTITIONED,
+        }
+    }
+}
+
 /// The states a worker reports in its `instances[]` entry.
 pub const STATE_RESTORING: &str = "Restoring";
 pub const STATE_FAILED: &str = "Failed";
@@ -33,26 +114,26 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    pub fn ok(reason: &str, message: impl Into<String>) -> Self {
+    pub fn ok(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: true,
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             message: message.into(),
             stalled: false,
         }
     }
-    pub fn waiting(reason: &str, message: impl Into<String>) -> Self {
+    pub fn waiting(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: false,
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             message: message.into(),
             stalled: false,
         }
     }
-    pub fn stalled(reason: &str, message: impl Into<String>) -> Self {
+    pub fn stalled(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: false,
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             message: message.into(),
             stalled: true,
         }
@@ -78,19 +159,19 @@ pub struct WorkloadFacts {
 pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
     if !w.exists {
         return Verdict::waiting(
-            "StatefulSetMissing",
+            reason::STATEFUL_SET_MISSING,
             "the worker StatefulSet has not been created yet",
         );
     }
     if w.want_replicas == 0 {
         return Verdict::ok(
-            "ScaledToZero",
+            reason::SCALED_TO_ZERO,
             "replicas is 0: no worker runs, state is kept",
         );
     }
     if w.draining > 0 {
         return Verdict::waiting(
-            "Draining",
+            reason::DRAINING,
             format!(
                 "scaling in to {}: {} pods above it keep running their tasks until the pods taking them over have warmed up",
                 w.want_replicas, w.draining
@@ -99,7 +180,7 @@ pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
     }
     if w.stopping > 0 {
         return Verdict::waiting(
-            "ScalingIn",
+            reason::SCALING_IN,
             format!(
                 "scaling in to {}: {} pods above it are stopping",
                 w.want_replicas, w.stopping
@@ -109,14 +190,14 @@ pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
     if w.ready_replicas >= w.want_replicas && w.updated_replicas >= w.want_replicas && w.rolled_out
     {
         return Verdict::ok(
-            "AllWorkersReady",
+            reason::ALL_WORKERS_READY,
             format!("{}/{} worker pods ready", w.ready_replicas, w.want_replicas),
         );
     }
     let reason = if !w.rolled_out || w.updated_replicas < w.want_replicas {
-        "RollingUpdate"
+        reason::ROLLING_UPDATE
     } else {
-        "WorkersNotReady"
+        reason::WORKERS_NOT_READY
     };
     Verdict::waiting(
         reason,
@@ -135,7 +216,7 @@ pub fn topics_verdict(topics: &[TopicStatus]) -> Verdict {
         .collect();
     if !drifted.is_empty() {
         return Verdict::stalled(
-            "ConfigDrift",
+            reason::CONFIG_DRIFT,
             format!(
                 "topics differ from the spec (driftPolicy: Enforce corrects config; extra partitions can only be removed by recreating the topic): {}",
                 drifted.join(" | ")
@@ -149,12 +230,12 @@ pub fn topics_verdict(topics: &[TopicStatus]) -> Verdict {
         .collect();
     if !pending.is_empty() {
         return Verdict::waiting(
-            "TopicsProvisioning",
+            reason::TOPICS_PROVISIONING,
             format!("creating or updating topics: {}", pending.join(", ")),
         );
     }
     Verdict::ok(
-        "TopicsReady",
+        reason::TOPICS_READY,
         format!(
             "{} topics exist with the wanted partitions and config",
             topics.len()
@@ -201,7 +282,7 @@ pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>,
     if instances.is_empty() {
         return (
             None,
-            Verdict::ok("NoState", "no worker has reported restoring state"),
+            Verdict::ok(reason::NO_STATE, "no worker has reported restoring state"),
         );
     }
     let restored: i64 = instances
@@ -239,7 +320,7 @@ pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>,
     if busy.is_empty() {
         return (
             Some(summary),
-            Verdict::ok("Restored", "every active task's state is restored"),
+            Verdict::ok(reason::RESTORED, "every active task's state is restored"),
         );
     }
     let rate_text = if rate > 0 {
@@ -256,7 +337,7 @@ pub fn restoration(instances: &[&InstanceStatus]) -> (Option<RestorationStatus>,
     (
         Some(summary),
         Verdict::waiting(
-            "Restoring",
+            reason::RESTORING,
             format!(
                 "{tasks} tasks restoring on {pods}: {restored}/{total} records ({percent}%){rate_text}{eta_text}"
             ),
@@ -294,16 +375,16 @@ pub fn tasks_verdict(
         .collect();
     if !failed.is_empty() {
         return Verdict::waiting(
-            "TaskFailed",
+            reason::TASK_FAILED,
             format!("worker failed: {}", failed.join("; ")),
         );
     }
     if replicas == 0 {
-        return Verdict::ok("ScaledToZero", "replicas is 0: no task runs");
+        return Verdict::ok(reason::SCALED_TO_ZERO, "replicas is 0: no task runs");
     }
     let Some(a) = assignment.filter(|a| !a.tasks.is_empty()) else {
         return Verdict::waiting(
-            "AssignmentPending",
+            reason::ASSIGNMENT_PENDING,
             "no task assignment yet: waiting for an eligible worker pod",
         );
     };
@@ -316,7 +397,7 @@ pub fn tasks_verdict(
         .collect();
     if !behind.is_empty() {
         return Verdict::waiting(
-            "AssignmentPending",
+            reason::ASSIGNMENT_PENDING,
             format!(
                 "waiting for {} to acknowledge assignment generation {}",
                 behind.join(", "),
@@ -326,7 +407,7 @@ pub fn tasks_verdict(
     }
     let pods = a.active_pods().len();
     Verdict::ok(
-        "Assigned",
+        reason::ASSIGNED,
         format!(
             "{} tasks run on {pods} pods under assignment generation {}",
             a.tasks.len(),
@@ -383,8 +464,11 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
     // A restore explains a pending acknowledgement (a worker acknowledges once its new
     // tasks are restored) and pods not ready (readiness waits for the restore): then
     // Ready names the restore, ahead of those two.
-    let explained =
-        |v: &Verdict| v.ok || ["AssignmentPending", "WorkersNotReady"].contains(&v.reason.as_str());
+    let explained = |v: &Verdict| {
+        v.ok || [reason::ASSIGNMENT_PENDING, reason::WORKERS_NOT_READY]
+            .iter()
+            .any(|r| v.reason == r.as_str())
+    };
     let restore_first = !input.restored.ok && explained(&input.tasks) && explained(&input.workload);
     let order: Vec<&Verdict> = if restore_first {
         vec![
@@ -409,20 +493,30 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
             input,
             READY,
             true,
-            "Ready",
+            reason::READY.as_str(),
             "topics exist, every worker is ready and every task is restored",
         )),
         Some(v) => out.push(condition(input, READY, false, &v.reason, &v.message)),
     }
     match (stalled, blocking) {
-        (Some(_), _) | (None, None) => {
-            out.push(condition(input, RECONCILING, false, "NotReconciling", ""))
-        }
+        (Some(_), _) | (None, None) => out.push(condition(
+            input,
+            RECONCILING,
+            false,
+            reason::NOT_RECONCILING.as_str(),
+            "",
+        )),
         (None, Some(v)) => out.push(condition(input, RECONCILING, true, &v.reason, &v.message)),
     }
     match stalled {
         Some(v) => out.push(condition(input, STALLED, true, &v.reason, &v.message)),
-        None => out.push(condition(input, STALLED, false, "NotStalled", "")),
+        None => out.push(condition(
+            input,
+            STALLED,
+            false,
+            reason::NOT_STALLED.as_str(),
+            "",
+        )),
     }
     for (t, v) in details {
         out.push(condition(input, t, v.ok, &v.reason, &v.message));
@@ -431,16 +525,19 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
         Phase::Failed
     } else if ready {
         Phase::Running
-    } else if input.tasks.reason == "TaskFailed" {
+    } else if input.tasks.reason == reason::TASK_FAILED.as_str() {
         Phase::Degraded
     } else if !input.restored.ok {
         Phase::Restoring
-    } else if input.tasks.reason == "AssignmentPending" && input.topics.ok && input.workload.ok {
+    } else if input.tasks.reason == reason::ASSIGNMENT_PENDING.as_str()
+        && input.topics.ok
+        && input.workload.ok
+    {
         // Tasks are changing hands; their new owners start (and restore) them.
         Phase::Restoring
-    } else if input.topics.ok && input.workload.reason == "WorkersNotReady" {
+    } else if input.topics.ok && input.workload.reason == reason::WORKERS_NOT_READY.as_str() {
         Phase::Degraded
-    } else if input.workload.reason == "StatefulSetMissing" && !input.topics.ok {
+    } else if input.workload.reason == reason::STATEFUL_SET_MISSING.as_str() && !input.topics.ok {
         Phase::Pending
     } else {
         Phase::Provisioning
@@ -452,14 +549,65 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn validation_problems_keep_the_reasons_the_crds_crate_gives_them() {
+        use oxbow_crds::validate::ValidationError as E;
+        let problems = [
+            E::InvalidExpression {
+                path: "p".into(),
+                expr: "e".into(),
+                message: "m".into(),
+            },
+            E::InvalidDuration {
+                path: "p".into(),
+                message: "m".into(),
+            },
+            E::DuplicateStore {
+                store: "s".into(),
+                first: "a".into(),
+                second: "b".into(),
+            },
+            E::UnusedStoreSettings { store: "s".into() },
+            E::SourceTopicsMissing { topics: vec![] },
+            E::NotCoPartitioned {
+                counts: Default::default(),
+            },
+        ];
+        for e in &problems {
+            assert_eq!(reason::of(e).as_str(), e.reason(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn every_reason_is_listed_once_with_known_condition_types() {
+        let types = [
+            READY,
+            RECONCILING,
+            STALLED,
+            TOPICS_READY,
+            TASKS_ASSIGNED,
+            WORKLOAD_READY,
+            RESTORED,
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (r, on) in reason::ALL {
+            assert!(seen.insert(r.as_str()), "{} listed twice", r.as_str());
+            assert!(
+                on.iter().all(|t| types.contains(t)),
+                "{}: {on:?}",
+                r.as_str()
+            );
+        }
+    }
+
     fn input<'a>(prev: &'a [Condition], topics: Verdict, workload: Verdict) -> StatusInput<'a> {
         StatusInput {
             generation: Some(3),
             invalid: None,
             topics,
-            tasks: Verdict::ok("Assigned", ""),
+            tasks: Verdict::ok(reason::ASSIGNED, ""),
             workload,
-            restored: Verdict::ok("Restored", ""),
+            restored: Verdict::ok(reason::RESTORED, ""),
             previous: prev,
             now: Timestamp::from_second(1_800_000_000).expect("ts"),
         }
@@ -473,8 +621,8 @@ mod tests {
     fn ready_only_when_every_detail_is_ready() {
         let (cs, phase) = conditions(&input(
             &[],
-            Verdict::ok("TopicsReady", ""),
-            Verdict::ok("AllWorkersReady", ""),
+            Verdict::ok(reason::TOPICS_READY, ""),
+            Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
         assert_eq!(get(&cs, READY).status, "True");
         assert_eq!(get(&cs, RECONCILING).status, "False");
@@ -495,7 +643,7 @@ mod tests {
             draining: 0,
             stopping: 0,
         });
-        let (cs, phase) = conditions(&input(&[], Verdict::ok("TopicsReady", ""), w));
+        let (cs, phase) = conditions(&input(&[], Verdict::ok(reason::TOPICS_READY, ""), w));
         assert_eq!(get(&cs, READY).status, "False");
         assert_eq!(get(&cs, READY).reason, "WorkersNotReady");
         assert_eq!(
@@ -513,7 +661,7 @@ mod tests {
             drift: vec!["min.cleanable.dirty.ratio: 0.5 (want 0.1)".into()],
             ..Default::default()
         }]);
-        let (cs, phase) = conditions(&input(&[], t, Verdict::ok("AllWorkersReady", "")));
+        let (cs, phase) = conditions(&input(&[], t, Verdict::ok(reason::ALL_WORKERS_READY, "")));
         let s = get(&cs, STALLED);
         assert_eq!(
             (s.status.as_str(), s.reason.as_str()),
@@ -565,8 +713,8 @@ mod tests {
         }];
         let (cs, _) = conditions(&input(
             &prev,
-            Verdict::waiting("TopicsProvisioning", ""),
-            Verdict::ok("AllWorkersReady", ""),
+            Verdict::waiting(reason::TOPICS_PROVISIONING, ""),
+            Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
         assert_eq!(
             get(&cs, READY).last_transition_time,
@@ -575,8 +723,8 @@ mod tests {
         );
         let (cs, _) = conditions(&input(
             &prev,
-            Verdict::ok("TopicsReady", ""),
-            Verdict::ok("AllWorkersReady", ""),
+            Verdict::ok(reason::TOPICS_READY, ""),
+            Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
         assert_ne!(
             get(&cs, READY).last_transition_time,
@@ -589,11 +737,11 @@ mod tests {
     fn an_invalid_spec_stalls_everything() {
         let mut i = input(
             &[],
-            Verdict::ok("TopicsReady", ""),
-            Verdict::ok("AllWorkersReady", ""),
+            Verdict::ok(reason::TOPICS_READY, ""),
+            Verdict::ok(reason::ALL_WORKERS_READY, ""),
         );
         i.invalid = Some(Verdict::stalled(
-            "InvalidExpression",
+            reason::INVALID_EXPRESSION,
             "spec.steps[0].filter.cel: …",
         ));
         let (cs, phase) = conditions(&i);
@@ -689,8 +837,8 @@ mod tests {
         assert_eq!(v.message, "worker failed: app-1: store seen: disk full");
         let mut i = input(
             &[],
-            Verdict::ok("TopicsReady", ""),
-            Verdict::waiting("WorkersNotReady", "1/2 worker pods ready"),
+            Verdict::ok(reason::TOPICS_READY, ""),
+            Verdict::waiting(reason::WORKERS_NOT_READY, "1/2 worker pods ready"),
         );
         i.tasks = v;
         let (cs, phase) = conditions(&i);
@@ -716,8 +864,8 @@ mod tests {
         );
         let mut i = input(
             &[],
-            Verdict::ok("TopicsReady", ""),
-            Verdict::ok("AllWorkersReady", ""),
+            Verdict::ok(reason::TOPICS_READY, ""),
+            Verdict::ok(reason::ALL_WORKERS_READY, ""),
         );
         i.tasks = v;
         let (cs, phase) = conditions(&i);
