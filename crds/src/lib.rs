@@ -8,6 +8,7 @@ pub mod assignment;
 pub mod crd;
 pub mod duration;
 pub mod names;
+pub mod reference;
 pub mod streamapp;
 pub mod topics;
 pub mod validate;
