@@ -3,6 +3,12 @@
 //!
 //! The tests run against whatever `KUBECONFIG` and `KAFKA_BOOTSTRAP` point at; when they
 //! are unset, the env file `make up` writes is read. Nothing here starts the stack.
+//!
+//! The same suite runs on a kind cluster (`e2e/kind/run.sh`, `OXBOW_E2E_TARGET=kind`):
+//! there pods reach Kafka at `KAFKA_BOOTSTRAP_IN_CLUSTER` while the test process uses
+//! `KAFKA_BOOTSTRAP`, [`OperatorProcess`] stands for the operator the Helm chart
+//! installed, and tests that need the local node agent skip themselves
+//! ([`requires_local_stack`]).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -42,8 +48,39 @@ pub fn stack_var(name: &str) -> String {
         .unwrap_or_else(|| panic!("{name} is missing from {}", env_file.display()))
 }
 
+/// Kafka's bootstrap servers for the test process.
 pub fn kafka_bootstrap() -> String {
     stack_var("KAFKA_BOOTSTRAP")
+}
+
+/// Kafka's bootstrap servers for pods, what the StreamApps the tests write put in
+/// `spec.kafka.bootstrapServers`: `KAFKA_BOOTSTRAP_IN_CLUSTER` when set (on kind, the
+/// in-cluster Service), else [`kafka_bootstrap`] (on the local stack pods share the
+/// host's network, so both are the same address).
+pub fn kafka_bootstrap_in_cluster() -> String {
+    match std::env::var("KAFKA_BOOTSTRAP_IN_CLUSTER") {
+        Ok(v) if !v.is_empty() => v,
+        _ => kafka_bootstrap(),
+    }
+}
+
+/// Whether the suite runs on a kind cluster (`OXBOW_E2E_TARGET=kind`, set by
+/// `e2e/kind/run.sh`) rather than on the local stack of `make up`.
+pub fn on_kind() -> bool {
+    std::env::var("OXBOW_E2E_TARGET").is_ok_and(|t| t == "kind")
+}
+
+/// For a test that needs what only the local stack has (the node agent's pid and log
+/// files, its kubelet emulation, host processes): on kind it prints
+/// `skipped on kind: <reason>` and returns true, and the test returns at once; on the
+/// local stack it returns false and the test runs as always.
+pub fn requires_local_stack(reason: &str) -> bool {
+    if on_kind() {
+        println!("skipped on kind: {reason}");
+        true
+    } else {
+        false
+    }
 }
 
 pub async fn kube_client() -> kube::Client {
@@ -204,9 +241,17 @@ pub fn install_crd() {
     assert!(ok, "the StreamApp CRD was not established: {err}");
 }
 
+/// Flags every operator of the suite runs with (besides its namespace, metrics address
+/// and log format); `e2e/kind/run.sh` installs the chart with the same values.
+const OPERATOR_FLAGS: [&str; 4] = ["--resync-interval", "3s", "--cleanup-timeout", "20s"];
+
 /// An `oxbow-operator run` process watching one namespace. Killed (SIGKILL) on drop.
+///
+/// On kind no process is started: the operator the Helm chart installed (every
+/// namespace) serves the test's namespace, [`OperatorProcess::logs`] reads its pod's
+/// log, and `start_with` checks that it runs with the flags the test asks for.
 pub struct OperatorProcess {
-    child: std::process::Child,
+    child: Option<std::process::Child>,
     pub log: PathBuf,
     pub metrics_addr: String,
 }
@@ -217,6 +262,9 @@ impl OperatorProcess {
     }
 
     pub fn start_with(namespace: &str, extra: &[&str]) -> Self {
+        if on_kind() {
+            return Self::in_cluster(namespace, extra);
+        }
         let bin = target_dir().join("release/oxbow-operator");
         assert!(
             bin.exists(),
@@ -240,14 +288,8 @@ impl OperatorProcess {
                 "--log-format",
                 "text",
             ])
-            .args([
-                "--worker-image",
-                "oxbow-standin:test",
-                "--resync-interval",
-                "3s",
-                "--cleanup-timeout",
-                "20s",
-            ])
+            .args(["--worker-image", "oxbow-standin:test"])
+            .args(OPERATOR_FLAGS)
             .args(extra)
             .env("KUBECONFIG", stack_var("KUBECONFIG"))
             .env("RUST_LOG", "info,oxbow_operator=debug,kube_runtime=warn")
@@ -256,31 +298,109 @@ impl OperatorProcess {
             .spawn()
             .expect("start oxbow-operator");
         Self {
-            child,
+            child: Some(child),
             log,
             metrics_addr,
         }
     }
 
+    /// On kind: the chart's operator Deployment (`OXBOW_E2E_OPERATOR` in
+    /// `OXBOW_E2E_OPERATOR_NAMESPACE`), which must run with the suite's flags and `extra`.
+    fn in_cluster(namespace: &str, extra: &[&str]) -> Self {
+        let (ns, deployment) = kind_operator();
+        let (ok, out, err) = kubectl(
+            &[
+                "get",
+                "-n",
+                &ns,
+                &deployment,
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].args}",
+            ],
+            None,
+        );
+        assert!(ok, "failed to read the args of {deployment} in {ns}: {err}");
+        let args: Vec<String> = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("args of {deployment} are not a list ({e}): {out}"));
+        let wanted: Vec<&str> = OPERATOR_FLAGS.iter().chain(extra).copied().collect();
+        for pair in wanted.chunks(2) {
+            let flag = pair.join("=");
+            assert!(
+                args.contains(&flag),
+                "the test needs the operator to run with {flag}, but {deployment} runs with \
+                 {args:?}: install the chart as e2e/kind/run.sh does, or skip the test on kind"
+            );
+        }
+        println!(
+            "on kind: {deployment} in {ns} (the chart's operator) serves namespace {namespace}"
+        );
+        Self {
+            child: None,
+            log: PathBuf::new(),
+            metrics_addr: String::new(),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("on kind the operator is the chart's Deployment, not a process of the test")
     }
 
     /// SIGKILL, as a node failure or OOM would.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        assert!(
+            self.child.is_some(),
+            "on kind the operator is the chart's Deployment, not a process of the test"
+        );
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        if self.child.is_some() {
+            return std::fs::read_to_string(&self.log).unwrap_or_default();
+        }
+        let (ns, deployment) = kind_operator();
+        let (_, out, err) = kubectl(
+            &[
+                "logs",
+                "-n",
+                &ns,
+                &deployment,
+                "--all-containers",
+                "--tail=300",
+            ],
+            None,
+        );
+        format!("{out}{err}")
     }
 }
 
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
+}
+
+/// The namespace and name (`deployment.apps/<name>`) of the chart's operator on kind.
+fn kind_operator() -> (String, String) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: on kind, run the suite through e2e/kind/run.sh")
+        })
+    };
+    (
+        var("OXBOW_E2E_OPERATOR_NAMESPACE"),
+        var("OXBOW_E2E_OPERATOR"),
+    )
 }
 
 /// Kafka helpers for the suite (admin operations with the stack's bootstrap servers).
@@ -392,8 +512,8 @@ pub mod apps {
     use oxbow_crds::StreamApp;
 
     /// A StreamApp manifest with a dedupe and an aggregate step (two stores), a sink, the
-    /// stand-in worker image and the stack's Kafka. `extra` is YAML appended under `spec`
-    /// (indented by two spaces).
+    /// stand-in worker image and the stack's Kafka (its address for pods). `extra` is YAML
+    /// appended under `spec` (indented by two spaces).
     pub fn manifest(name: &str, sources: &[&str], extra: &str) -> String {
         format!(
             r#"apiVersion: oxbow.dev/v1alpha1
@@ -416,7 +536,7 @@ spec:
       fields: {{count: {{count: {{}}}}}}
   sink: {{topic: {name}-out}}
 {extra}"#,
-            bootstrap = super::kafka_bootstrap(),
+            bootstrap = super::kafka_bootstrap_in_cluster(),
             sources = sources.join(", "),
         )
     }

@@ -13,8 +13,8 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
-    kubectl, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap,
+    kafka_bootstrap_in_cluster, kube_client, kubectl, unique, wait_for,
 };
 use kube::api::Api;
 use oxbow_crds::StreamApp;
@@ -85,7 +85,7 @@ spec:
             standbys = self.standbys,
             guarantee = self.guarantee,
             interval = self.commit_interval,
-            bootstrap = kafka_bootstrap(),
+            bootstrap = kafka_bootstrap_in_cluster(),
             source = self.source,
         )
     }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oxbow_e2e::harness::{stack_var, wait_for};
+use oxbow_e2e::harness::{requires_local_stack, stack_var, wait_for};
 use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, pod_uid, read_committed};
 
 /// SIGKILLs the worker container of `pod`, as the OOM killer would.
@@ -30,6 +30,9 @@ fn kill9(ns: &str, pod: &str) {
 
 #[tokio::test]
 async fn killed_actives_hand_over_to_standbys_without_double_counting() {
+    if requires_local_stack("SIGKILLs worker processes through the node agent's pid files") {
+        return;
+    }
     let run = RunningApp::start("alos", |mut a| {
         a.guarantee = "at_least_once";
         a.replicas(2)

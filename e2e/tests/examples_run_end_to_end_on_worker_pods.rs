@@ -7,15 +7,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
-    kubectl, unique, wait_for, workspace_root,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap,
+    kafka_bootstrap_in_cluster, kube_client, kubectl, unique, wait_for, workspace_root,
 };
 use oxbow_e2e::streams::read_committed;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
-/// An example from `examples/`, renamed so runs never collide, on the stack's Kafka with
-/// the worker image under test. Returns (manifest, name, source, sink).
+/// An example from `examples/`, renamed so runs never collide, on the stack's Kafka (its
+/// address for pods) with the worker image under test. Returns (manifest, name, source,
+/// sink).
 fn example(file: &str) -> (String, String, String, String) {
     let text = std::fs::read_to_string(workspace_root().join("examples").join(file))
         .unwrap_or_else(|e| panic!("examples/{file}: {e}"));
@@ -26,7 +27,7 @@ fn example(file: &str) -> (String, String, String, String) {
     let sink = unique("out");
     doc["metadata"]["name"] = name.clone().into();
     doc["spec"]["image"] = "oxbow-worker:test".into();
-    doc["spec"]["kafka"]["bootstrapServers"] = kafka_bootstrap().into();
+    doc["spec"]["kafka"]["bootstrapServers"] = kafka_bootstrap_in_cluster().into();
     doc["spec"]["source"]["topics"] = serde_json::json!([source]);
     doc["spec"]["sink"]["topic"] = sink.clone().into();
     doc["spec"]["deletionPolicy"] =

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use oxbow_e2e::harness::{TestNamespace, kube_client, kubectl, kubectl_path, wait_for};
+use oxbow_e2e::harness::{
+    TestNamespace, kube_client, kubectl, kubectl_path, requires_local_stack, wait_for,
+};
 
 fn pod_manifest(name: &str, extra_container_yaml: &str, args: &str) -> String {
     format!(
@@ -60,6 +62,11 @@ fn restarts(p: &Pod) -> i32 {
 
 #[tokio::test]
 async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
+    if requires_local_stack(
+        "checks the node agent's kubelet emulation (oxbow-testpod image, container processes in /proc)",
+    ) {
+        return;
+    }
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "kubelet").await;
     let n = &ns.name;

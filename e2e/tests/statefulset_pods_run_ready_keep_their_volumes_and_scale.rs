@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
-use oxbow_e2e::harness::{TestNamespace, kube_client, kubectl, wait_for};
+use oxbow_e2e::harness::{TestNamespace, kube_client, kubectl, requires_local_stack, wait_for};
 
 const MANIFEST: &str = r#"
 apiVersion: v1
@@ -107,6 +107,11 @@ async fn http(method: reqwest::Method, url: &str, body: &str) -> Result<(u16, St
 
 #[tokio::test]
 async fn statefulset_pods_become_ready_keep_their_volume_and_scale() {
+    if requires_local_stack(
+        "checks the node agent's kubelet emulation (oxbow-testpod image, local volumes)",
+    ) {
+        return;
+    }
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "sts").await;
     let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(MANIFEST));
