@@ -24,7 +24,9 @@ WORKDIR /src
 COPY . .
 # The cargo registry, git checkouts and the target directory live in cache mounts, so a
 # rebuild after a source change recompiles only the workspace crates (RocksDB and
-# librdkafka stay built). Binaries are copied out of the mount in the same step.
+# librdkafka stay built). Binaries are copied out of the mount in the same step, without
+# their debug info (the release profile's line tables and RocksDB's -g: the worker
+# shrinks from about 560 MB to 40 MB; symbols stay, so backtraces keep function names).
 # Both binaries load libz.so.1 (librdkafka), the worker also libstdc++ (RocksDB): see
 # `ldd`. distroless/cc has libstdc++, libgcc_s and glibc; libz is copied from this stage
 # to its multiarch path, so the image does not depend on whether the base ships it.
@@ -34,6 +36,7 @@ RUN --mount=type=cache,id=oxbow-cargo-registry,target=/usr/local/cargo/registry 
     cargo build --release --locked -p oxbow-operator -p oxbow-worker \
  && mkdir -p /out/bin \
  && cp target/release/oxbow-operator target/release/oxbow-worker /out/bin/ \
+ && strip --strip-debug /out/bin/oxbow-operator /out/bin/oxbow-worker \
  && multiarch="$(gcc -dumpmachine)" \
  && mkdir -p "/out/root/usr/lib/${multiarch}" \
  && cp -L "/usr/lib/${multiarch}/libz.so.1" "/out/root/usr/lib/${multiarch}/libz.so.1"
