@@ -8,6 +8,7 @@ t0=$SECONDS
 
 bash "$here/build-k8s.sh"
 bash "$here/build-etcd.sh"
+bash "$here/build-helm.sh"
 bash "$here/fetch-kafka.sh"
 bash "$here/pki.sh"
 mkdir -p "$RUN" "$LOGS"
@@ -121,6 +122,6 @@ cat >"$STACK_DIR/env" <<ENV
 export KUBECONFIG="$ADMIN_KUBECONFIG"
 export KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
 export OXBOW_STACK_DIR="$STACK_DIR"
-export PATH="$K8S_BIN:\$PATH"
+export PATH="$K8S_BIN:$HELM_BIN:\$PATH"
 ENV
 log "stack up in $((SECONDS - t0))s; run: . $STACK_DIR/env"

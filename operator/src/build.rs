@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::{Resource, ResourceExt};
@@ -49,6 +50,9 @@ pub enum BuildError {
 pub struct BuildContext {
     /// Image when `spec.image` is unset: the worker released with this operator.
     pub default_image: String,
+    /// When set, each app gets a NetworkPolicy admitting its query port only from its
+    /// own pods and from pods carrying this label (`key`, `value`).
+    pub query_client_label: Option<(String, String)>,
 }
 
 /// Every child, in the order they are applied.
@@ -62,6 +66,8 @@ pub struct Children {
     pub client_service: Service,
     pub stateful_set: StatefulSet,
     pub pod_disruption_budget: PodDisruptionBudget,
+    /// `None` when the operator runs without `--network-policy`: any leftover is pruned.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 pub fn labels(app: &StreamApp) -> BTreeMap<String, String> {
@@ -343,7 +349,36 @@ pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Childr
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
         }),
     )?;
+    // Workers forward queries to the owner of a key, so the app's own pods must be
+    // admitted; anyone else needs the client label (in the app's namespace, or in a
+    // namespace that carries the same label). Egress stays open: Kafka is wherever the
+    // spec says.
+    let network_policy = match &cx.query_client_label {
+        None => None,
+        Some((key, value)) => {
+            let client = json!({key.clone(): value});
+            Some(convert(
+                "NetworkPolicy",
+                json!({
+                    "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(app.worker_name()),
+                    "spec": {
+                        "podSelector": {"matchLabels": selector},
+                        "policyTypes": ["Ingress"],
+                        "ingress": [{
+                            "from": [
+                                {"podSelector": {"matchLabels": selector}},
+                                {"podSelector": {"matchLabels": client}},
+                                {"namespaceSelector": {"matchLabels": client}, "podSelector": {"matchLabels": client}},
+                            ],
+                            "ports": [{"port": "http", "protocol": "TCP"}],
+                        }],
+                    },
+                }),
+            )?)
+        }
+    };
     Ok(Children {
+        network_policy,
         service_account,
         role,
         role_binding,
@@ -393,6 +428,7 @@ spec:
     fn cx() -> BuildContext {
         BuildContext {
             default_image: "oxbow-worker:0.1.0".into(),
+            query_client_label: None,
         }
     }
 
@@ -582,5 +618,46 @@ spec:
         let text = v["data"][CONFIG_MAP_KEY].as_str().expect("data");
         let back: Assignment = serde_json::from_str(text).expect("an assignment");
         assert_eq!(back, assignment);
+    }
+
+    #[test]
+    fn a_network_policy_admits_the_query_port_only_from_own_pods_and_labelled_clients() {
+        let a = app("");
+        assert!(
+            build(&a, &cx(), 3)
+                .expect("builds")
+                .network_policy
+                .is_none(),
+            "no policy unless the operator is asked for one"
+        );
+        let cx = BuildContext {
+            query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
+            ..cx()
+        };
+        let np = build(&a, &cx, 3)
+            .expect("builds")
+            .network_policy
+            .expect("a policy");
+        let v = serde_json::to_value(&np).expect("json");
+        let selector = json!({APP_LABEL: "fraud", "app.kubernetes.io/component": "worker"});
+        assert_eq!(v["metadata"]["name"], "fraud");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(v["spec"]["podSelector"]["matchLabels"], selector);
+        assert_eq!(v["spec"]["policyTypes"], json!(["Ingress"]));
+        let rules = v["spec"]["ingress"].as_array().expect("ingress");
+        assert_eq!(rules.len(), 1, "one rule: the query port");
+        assert_eq!(
+            rules[0]["ports"],
+            json!([{"port": "http", "protocol": "TCP"}])
+        );
+        let client = json!({"oxbow.dev/query-client": "true"});
+        assert_eq!(
+            rules[0]["from"],
+            json!([
+                {"podSelector": {"matchLabels": selector}},
+                {"podSelector": {"matchLabels": client}},
+                {"namespaceSelector": {"matchLabels": client}, "podSelector": {"matchLabels": client}},
+            ])
+        );
     }
 }

@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Watch StreamApps and reconcile them.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the StreamApp CustomResourceDefinition (YAML).
     Crd,
 }
@@ -59,9 +59,24 @@ struct RunArgs {
     /// pod's copy of its state is at most this many changelog records behind.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(0..))]
     warmup_max_lag: i64,
+    /// Give each StreamApp a NetworkPolicy that admits its query port only from its own
+    /// pods and from pods labelled with --network-policy-client-label.
+    #[arg(long, env = "OXBOW_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    network_policy: bool,
+    /// The label (key=value) that admits a client pod, or a client namespace, to the
+    /// query ports under --network-policy.
+    #[arg(long, default_value = "oxbow.dev/query-client=true", value_parser = parse_label)]
+    network_policy_client_label: (String, String),
     /// json (default) or text.
     #[arg(long, env = "OXBOW_LOG_FORMAT", default_value = "json")]
     log_format: String,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not a label: write key=value")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -76,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", oxbow_crds::crd::crd_yaml());
             Ok(())
         }
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
     }
 }
 
@@ -100,6 +115,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         client.clone(),
         BuildContext {
             default_image: args.worker_image.clone(),
+            query_client_label: args
+                .network_policy
+                .then(|| args.network_policy_client_label.clone()),
         },
         args.cleanup_timeout,
         args.resync_interval,
