@@ -10,13 +10,14 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker
+.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
 	@echo "make test    lint, unit tests and the end-to-end suite against the real stack"
 	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + node agent)"
 	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
+	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
 
 prereqs:
 	@bash $(STACK)/prereqs.sh
@@ -57,3 +58,12 @@ test: lint up
 bench-worker: up
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/bench $(or $(RECORDS),1000000) $(or $(KEYS),100000) $(or $(PARTITIONS),4)
+
+# Oxbow side by side with Kafka Streams 4.1.2 and a raw pipe on the local Kafka (issue 7):
+# W1-W4 and latency, outputs checked before figures count, medians and ratios written to
+# docs/benchmarks.md. Not part of `make test`. BENCH_RECORDS, BENCH_KEYS, BENCH_RUNS,
+# BENCH_WORKLOADS, BENCH_ENGINES … shrink or select it (bench/README.md).
+bench: up
+	@bash bench/build-kstreams.sh
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
+	source $(OXBOW_CACHE)/stack/env && BENCH_REPORT=$${BENCH_REPORT:-$(CURDIR)/docs/benchmarks.md} $(CARGO_TARGET_DIR)/release/examples/compare

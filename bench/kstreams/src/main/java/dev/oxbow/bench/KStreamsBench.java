@@ -1,0 +1,383 @@
+package dev.oxbow.bench;
+
+import com.fasterxml.jackson.annotation.JsonIgnoreProperties;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.Deserializer;
+import org.apache.kafka.common.serialization.Serde;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.serialization.Serializer;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.processor.StateRestoreListener;
+import org.apache.kafka.streams.processor.api.Processor;
+import org.apache.kafka.streams.processor.api.ProcessorContext;
+import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.Stores;
+import org.apache.kafka.streams.state.WindowStore;
+
+/**
+ * The Kafka Streams peer of the Oxbow benchmark. One process runs one workload with the same
+ * semantics as the Oxbow pipeline the driver (worker/examples/compare) runs on the same topics:
+ *
+ * <ul>
+ *   <li>{@code w1}: JSON payments keyed by user; 10-minute tumbling windows (no grace, like
+ *       Oxbow's default), count + sum of {@code amount} per user and window, every update
+ *       emitted as {@code {"key","windowStart","windowEnd","count","total"}} keyed by the user
+ *       (Oxbow's {@code emit: onUpdate}).
+ *   <li>{@code w2}: examples/dedupe.yaml: dedupe on {@code value.txId} within 24 h of event
+ *       time, then map to {@code {"txId","account","cents": int(amount * 100.0)}}; records that
+ *       cannot be read, or fail the map, go to the dead-letter topic with their original bytes,
+ *       without marking the id as seen.
+ *   <li>{@code w3}: an unwindowed count + sum per key (a changelog with one record per key),
+ *       used to time restores.
+ * </ul>
+ *
+ * <p>Arguments are {@code key=value}; {@code prop.<name>=<value>} passes any Streams, consumer
+ * or producer property. Everything the driver needs is printed on stdout as one JSON object a
+ * line, each with {@code t} (epoch ms): {@code state}, {@code restore_start}, {@code
+ * restore_end}, {@code progress} (records seen by the first processor, once a second) and
+ * {@code closed}.
+ */
+public final class KStreamsBench {
+  static final ObjectMapper MAPPER = new ObjectMapper();
+  static final AtomicLong PROCESSED = new AtomicLong();
+
+  private KStreamsBench() {}
+
+  static synchronized void emit(String event, Map<String, Object> fields) {
+    StringBuilder b = new StringBuilder(128);
+    b.append("{\"t\":").append(System.currentTimeMillis()).append(",\"event\":\"").append(event);
+    b.append('"');
+    for (Map.Entry<String, Object> e : fields.entrySet()) {
+      b.append(",\"").append(e.getKey()).append("\":");
+      Object v = e.getValue();
+      if (v instanceof Number || v instanceof Boolean) {
+        b.append(v);
+      } else {
+        b.append('"').append(String.valueOf(v).replace("\\", "\\\\").replace("\"", "\\\""));
+        b.append('"');
+      }
+    }
+    b.append('}');
+    System.out.println(b);
+    System.out.flush();
+  }
+
+  static Map<String, Object> fields(Object... kv) {
+    Map<String, Object> m = new LinkedHashMap<>();
+    for (int i = 0; i + 1 < kv.length; i += 2) {
+      m.put((String) kv[i], kv[i + 1]);
+    }
+    return m;
+  }
+
+  /** The fields of a W1/W3 input record the pipelines read. */
+  @JsonIgnoreProperties(ignoreUnknown = true)
+  public static final class Payment {
+    public String user;
+    public long amount;
+  }
+
+  /** Count and sum: 16 bytes in the store and its changelog. */
+  public static final class Agg {
+    final long count;
+    final long total;
+
+    Agg(long count, long total) {
+      this.count = count;
+      this.total = total;
+    }
+
+    Agg add(long amount) {
+      return new Agg(count + 1, total + amount);
+    }
+  }
+
+  /** Count and sum as two big-endian longs. */
+  static Serde<Agg> aggSerde() {
+    Serializer<Agg> ser =
+        (topic, a) ->
+            a == null ? null : ByteBuffer.allocate(16).putLong(a.count).putLong(a.total).array();
+    Deserializer<Agg> de =
+        (topic, b) -> {
+          if (b == null) {
+            return null;
+          }
+          ByteBuffer buf = ByteBuffer.wrap(b);
+          return new Agg(buf.getLong(), buf.getLong());
+        };
+    return Serdes.serdeFrom(ser, de);
+  }
+
+  static long amount(byte[] value) {
+    PROCESSED.incrementAndGet();
+    try {
+      return MAPPER.readValue(value, Payment.class).amount;
+    } catch (java.io.IOException e) {
+      throw new IllegalArgumentException("unreadable payment: " + e.getMessage(), e);
+    }
+  }
+
+  static Topology w1(Map<String, String> a) {
+    StreamsBuilder b = new StreamsBuilder();
+    long size = Duration.ofMinutes(Long.parseLong(a.getOrDefault("windowMinutes", "10"))).toMillis();
+    b.stream(java.util.Arrays.asList(a.get("input").split(",")), Consumed.with(Serdes.String(), Serdes.ByteArray()))
+        .mapValues(KStreamsBench::amount)
+        .groupByKey(Grouped.with(Serdes.String(), Serdes.Long()))
+        .windowedBy(TimeWindows.ofSizeWithNoGrace(Duration.ofMillis(size)))
+        .aggregate(
+            () -> new Agg(0, 0),
+            (k, amount, agg) -> agg.add(amount),
+            Materialized.<String, Agg, WindowStore<Bytes, byte[]>>as("per-user")
+                .withKeySerde(Serdes.String())
+                .withValueSerde(aggSerde()))
+        .toStream()
+        .map(
+            (w, agg) ->
+                KeyValue.pair(
+                    w.key(),
+                    "{\"key\":"
+                        + quote(w.key())
+                        + ",\"windowStart\":"
+                        + w.window().start()
+                        + ",\"windowEnd\":"
+                        + w.window().end()
+                        + ",\"count\":"
+                        + agg.count
+                        + ",\"total\":"
+                        + agg.total
+                        + "}"))
+        .to(a.get("output"), Produced.with(Serdes.String(), Serdes.String()));
+    return b.build();
+  }
+
+  static Topology w3(Map<String, String> a) {
+    StreamsBuilder b = new StreamsBuilder();
+    b.stream(java.util.Arrays.asList(a.get("input").split(",")), Consumed.with(Serdes.String(), Serdes.ByteArray()))
+        .mapValues(KStreamsBench::amount)
+        .groupByKey(Grouped.with(Serdes.String(), Serdes.Long()))
+        .aggregate(
+            () -> new Agg(0, 0),
+            (k, amount, agg) -> agg.add(amount),
+            Materialized.<String, Agg, KeyValueStore<Bytes, byte[]>>as("per-key")
+                .withKeySerde(Serdes.String())
+                .withValueSerde(aggSerde()))
+        .toStream()
+        .map(
+            (k, agg) ->
+                KeyValue.pair(
+                    k,
+                    "{\"key\":"
+                        + quote(k)
+                        + ",\"count\":"
+                        + agg.count
+                        + ",\"total\":"
+                        + agg.total
+                        + "}"))
+        .to(a.get("output"), Produced.with(Serdes.String(), Serdes.String()));
+    return b.build();
+  }
+
+  static String quote(String s) {
+    try {
+      return MAPPER.writeValueAsString(s);
+    } catch (java.io.IOException e) {
+      throw new IllegalStateException(e);
+    }
+  }
+
+  /** examples/dedupe.yaml: dedupe (store seen-tx, id value.txId, within 24h), map, sink. */
+  static final class DedupeMap implements Processor<String, byte[], String, Object> {
+    private final long within;
+    private ProcessorContext<String, Object> ctx;
+    private KeyValueStore<String, Long> seen;
+
+    DedupeMap(long within) {
+      this.within = within;
+    }
+
+    @Override
+    public void init(ProcessorContext<String, Object> context) {
+      this.ctx = context;
+      this.seen = context.getStateStore("seen-tx");
+    }
+
+    private void deadLetter(Record<String, byte[]> r) {
+      ctx.forward(r.withValue((Object) r.value()), "dlq");
+    }
+
+    @Override
+    public void process(Record<String, byte[]> r) {
+      PROCESSED.incrementAndGet();
+      JsonNode v;
+      try {
+        v = r.value() == null ? null : MAPPER.readTree(r.value());
+      } catch (java.io.IOException e) {
+        deadLetter(r);
+        return;
+      }
+      // CEL's key(): a string, an integer or a bool; anything else is an error.
+      JsonNode idNode = v == null ? null : v.get("txId");
+      if (idNode == null
+          || !(idNode.isTextual() || idNode.isIntegralNumber() || idNode.isBoolean())) {
+        deadLetter(r);
+        return;
+      }
+      String id = idNode.asText();
+      Long first = seen.get(id);
+      if (first != null && Math.abs(r.timestamp() - first) <= within) {
+        return; // a duplicate: dropped, like Oxbow's dedupe step
+      }
+      // map: '{"txId": value.txId, "account": value.account, "cents": int(value.amount * 100.0)}'
+      // CEL has no int * double overload: an integer amount is an error, as is a missing field.
+      JsonNode account = v.get("account");
+      JsonNode amount = v.get("amount");
+      if (account == null || amount == null || !amount.isFloatingPointNumber()) {
+        deadLetter(r); // the dedupe mark is not kept when a later step fails
+        return;
+      }
+      ObjectNode out = MAPPER.createObjectNode();
+      out.set("txId", idNode);
+      out.set("account", account);
+      out.put("cents", (long) (amount.doubleValue() * 100.0));
+      seen.put(id, r.timestamp());
+      try {
+        ctx.forward(r.withValue((Object) MAPPER.writeValueAsString(out)), "out");
+      } catch (java.io.IOException e) {
+        throw new IllegalStateException(e);
+      }
+    }
+  }
+
+  static Topology w2(Map<String, String> a) {
+    long within = Duration.ofHours(Long.parseLong(a.getOrDefault("withinHours", "24"))).toMillis();
+    Topology t = new Topology();
+    t.addSource(
+        "source",
+        Serdes.String().deserializer(),
+        Serdes.ByteArray().deserializer(),
+        a.get("input").split(","));
+    t.addProcessor("dedupe-map", () -> new DedupeMap(within), "source");
+    t.addStateStore(
+        Stores.keyValueStoreBuilder(
+            Stores.persistentKeyValueStore("seen-tx"), Serdes.String(), Serdes.Long()),
+        "dedupe-map");
+    Serializer<Object> asString =
+        (topic, o) -> o == null ? null : Serdes.String().serializer().serialize(topic, (String) o);
+    Serializer<Object> asBytes = (topic, o) -> (byte[]) o;
+    t.addSink("out", a.get("output"), Serdes.String().serializer(), asString, "dedupe-map");
+    t.addSink("dlq", a.get("dlq"), Serdes.String().serializer(), asBytes, "dedupe-map");
+    return t;
+  }
+
+  public static void main(String[] args) throws Exception {
+    Map<String, String> a = new LinkedHashMap<>();
+    for (String arg : args) {
+      int i = arg.indexOf('=');
+      if (i < 0) {
+        throw new IllegalArgumentException("arguments are key=value, got " + arg);
+      }
+      a.put(arg.substring(0, i), arg.substring(i + 1));
+    }
+    String workload = a.getOrDefault("workload", "w1");
+    Topology topology =
+        switch (workload) {
+          case "w1" -> w1(a);
+          case "w2" -> w2(a);
+          case "w3" -> w3(a);
+          default -> throw new IllegalArgumentException("workload is w1, w2 or w3: " + workload);
+        };
+
+    Properties p = new Properties();
+    p.put(StreamsConfig.APPLICATION_ID_CONFIG, a.get("app"));
+    p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, a.get("bootstrap"));
+    p.put(StreamsConfig.STATE_DIR_CONFIG, a.get("stateDir"));
+    p.put(
+        StreamsConfig.PROCESSING_GUARANTEE_CONFIG,
+        a.getOrDefault("guarantee", StreamsConfig.AT_LEAST_ONCE));
+    p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, a.getOrDefault("threads", "1"));
+    p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, a.getOrDefault("commitMs", "100"));
+    p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, a.getOrDefault("cacheBytes", "0"));
+    for (Map.Entry<String, String> e : a.entrySet()) {
+      if (e.getKey().startsWith("prop.")) {
+        p.put(e.getKey().substring(5), e.getValue());
+      }
+    }
+
+    KafkaStreams streams = new KafkaStreams(topology, p);
+    CountDownLatch done = new CountDownLatch(1);
+    streams.setStateListener(
+        (now, before) -> {
+          emit("state", fields("state", now.name(), "from", before.name()));
+          if (now == KafkaStreams.State.NOT_RUNNING || now == KafkaStreams.State.ERROR) {
+            done.countDown();
+          }
+        });
+    streams.setUncaughtExceptionHandler(
+        e -> {
+          emit("error", fields("message", String.valueOf(e)));
+          return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+        });
+    streams.setGlobalStateRestoreListener(
+        new StateRestoreListener() {
+          @Override
+          public void onRestoreStart(TopicPartition tp, String store, long start, long end) {
+            emit(
+                "restore_start",
+                fields(
+                    "store", store, "partition", tp.partition(), "startOffset", start,
+                    "endOffset", end));
+          }
+
+          @Override
+          public void onBatchRestored(TopicPartition tp, String store, long end, long n) {}
+
+          @Override
+          public void onRestoreEnd(TopicPartition tp, String store, long total) {
+            emit(
+                "restore_end",
+                fields("store", store, "partition", tp.partition(), "restored", total));
+          }
+        });
+    Runtime.getRuntime()
+        .addShutdownHook(
+            new Thread(
+                () -> {
+                  streams.close(Duration.ofSeconds(60));
+                  emit("closed", fields("processed", PROCESSED.get()));
+                }));
+    emit(
+        "start",
+        fields(
+            "workload", workload, "pid", ProcessHandle.current().pid(), "kafkaStreams",
+            org.apache.kafka.common.utils.AppInfoParser.getVersion()));
+    streams.start();
+    while (!done.await(1, java.util.concurrent.TimeUnit.SECONDS)) {
+      emit("progress", fields("processed", PROCESSED.get()));
+    }
+    if (streams.state() == KafkaStreams.State.ERROR) {
+      System.exit(1);
+    }
+  }
+}

@@ -1,0 +1,439 @@
+//! Starting, watching and stopping the engines under test: the Oxbow worker, the Kafka
+//! Streams peer (bench/kstreams) and the raw pipe (this binary's `pipe` mode).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Oxbow,
+    KStreams,
+    Pipe,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Oxbow => "oxbow",
+            Kind::KStreams => "kstreams",
+            Kind::Pipe => "pipe",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Guarantee {
+    Alos,
+    Eos,
+}
+
+impl Guarantee {
+    pub fn label(self) -> &'static str {
+        match self {
+            Guarantee::Alos => "ALOS",
+            Guarantee::Eos => "EOS",
+        }
+    }
+    fn oxbow(self) -> &'static str {
+        match self {
+            Guarantee::Alos => "at_least_once",
+            Guarantee::Eos => "exactly_once",
+        }
+    }
+    fn kstreams(self) -> &'static str {
+        match self {
+            Guarantee::Alos => "at_least_once",
+            Guarantee::Eos => "exactly_once_v2",
+        }
+    }
+}
+
+/// What every engine needs to start.
+pub struct Setup {
+    pub bootstrap: String,
+    pub worker: PathBuf,
+    pub java: String,
+    pub java_opts: Vec<String>,
+    pub ks_classpath: String,
+    pub ks_props: Vec<String>,
+    pub threads: usize,
+    pub ks_cache_bytes: u64,
+    pub memory_mib: u64,
+    pub commit_ms: u64,
+    pub scratch: PathBuf,
+    pub dedupe_example: PathBuf,
+    pub port: AtomicU16,
+}
+
+/// One engine run: its application id (also its consumer group) and topics.
+pub struct Spec {
+    pub kind: Kind,
+    pub workload: &'static str,
+    pub guarantee: Guarantee,
+    pub app: String,
+    pub input: String,
+    pub output: String,
+    pub dlq: String,
+    pub state: PathBuf,
+}
+
+#[derive(Default)]
+pub struct KsLog {
+    pub running: bool,
+    pub version: String,
+    pub error: Option<String>,
+    /// (t ms, partition, start offset)
+    pub restore_starts: Vec<(i64, i32, i64)>,
+    /// (t ms, partition, records restored)
+    pub restore_ends: Vec<(i64, i32, i64)>,
+}
+
+pub struct Proc {
+    pub kind: Kind,
+    pub child: Child,
+    addr: Option<String>,
+    pub ks: Arc<Mutex<KsLog>>,
+    log: PathBuf,
+}
+
+/// How a store came back: records read from the changelog, seconds, and the mode.
+#[derive(Clone, Debug, Default)]
+pub struct Restore {
+    pub records: f64,
+    pub seconds: f64,
+    pub mode: String,
+}
+
+pub fn http_get(addr: &str, path: &str) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut b = String::new();
+    s.read_to_string(&mut b).ok()?;
+    serde_json::from_str(b.split_once("\r\n\r\n")?.1).ok()
+}
+
+/// Peak resident set (VmHWM) of a live process, MiB.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// utime + stime of a live process (all its threads), seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = s
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // USER_HZ is 100 on Linux, whatever the kernel's HZ.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
+    let header = format!(
+        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{b}\"}}\n  processingGuarantee: {g}\n  commitInterval: {c}ms\n  source: {{topics: [{i}]}}\n",
+        app = s.app,
+        b = setup.bootstrap,
+        g = s.guarantee.oxbow(),
+        c = setup.commit_ms,
+        i = s.input,
+    );
+    match s.workload {
+        "w1" => format!(
+            "{header}  steps:\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
+            o = s.output
+        ),
+        "w3" => format!(
+            "{header}  steps:\n  - aggregate:\n      store: per-key\n      groupBy: value.user\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
+            o = s.output
+        ),
+        "w2" => {
+            // The pipeline of examples/dedupe.yaml itself, on this run's topics.
+            let text =
+                std::fs::read_to_string(&setup.dedupe_example).expect("examples/dedupe.yaml");
+            let mut m: serde_yaml::Value = serde_yaml::from_str(&text).expect("dedupe.yaml");
+            m["metadata"]["name"] = s.app.clone().into();
+            let spec = &mut m["spec"];
+            spec["kafka"]["bootstrapServers"] = setup.bootstrap.clone().into();
+            spec["processingGuarantee"] = s.guarantee.oxbow().into();
+            spec["commitInterval"] = format!("{}ms", setup.commit_ms).into();
+            spec["source"]["topics"] = vec![serde_yaml::Value::from(s.input.clone())].into();
+            spec["sink"]["topic"] = s.output.clone().into();
+            spec["errors"]["topic"] = s.dlq.clone().into();
+            serde_yaml::to_string(&m).expect("manifest")
+        }
+        other => panic!("no Oxbow pipeline for {other}"),
+    }
+}
+
+pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
+    std::fs::create_dir_all(&s.state).expect("state dir");
+    let log = setup.scratch.join(format!("{}.log", s.app));
+    let logf = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file")
+    };
+    let ks = Arc::new(Mutex::new(KsLog::default()));
+    let (child, addr) = match s.kind {
+        Kind::Oxbow => {
+            let manifest = setup.scratch.join(format!("{}.yaml", s.app));
+            std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
+            let port = setup.port.fetch_add(1, Ordering::Relaxed);
+            let addr = format!("127.0.0.1:{port}");
+            let child = Command::new(&setup.worker)
+                .args(["run", "--config"])
+                .arg(&manifest)
+                .arg("--state-dir")
+                .arg(&s.state)
+                .args([
+                    "--listen",
+                    &addr,
+                    "--memory-mib",
+                    &setup.memory_mib.to_string(),
+                ])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(logf())
+                .spawn()
+                .expect("spawn oxbow-worker");
+            (child, Some(addr))
+        }
+        Kind::KStreams => {
+            let mut cmd = Command::new(&setup.java);
+            cmd.args(&setup.java_opts)
+                .arg("-cp")
+                .arg(&setup.ks_classpath)
+                .arg("dev.oxbow.bench.KStreamsBench")
+                .arg(format!("workload={}", s.workload))
+                .arg(format!("app={}", s.app))
+                .arg(format!("bootstrap={}", setup.bootstrap))
+                .arg(format!("input={}", s.input))
+                .arg(format!("output={}", s.output))
+                .arg(format!("dlq={}", s.dlq))
+                .arg(format!("guarantee={}", s.guarantee.kstreams()))
+                .arg(format!("threads={}", setup.threads))
+                .arg(format!("stateDir={}", s.state.display()))
+                .arg(format!("commitMs={}", setup.commit_ms))
+                .arg(format!("cacheBytes={}", setup.ks_cache_bytes))
+                .args(&setup.ks_props)
+                .stdout(Stdio::piped())
+                .stderr(logf());
+            let mut child = cmd.spawn().expect("spawn java (Kafka Streams peer)");
+            let out = child.stdout.take().expect("stdout");
+            let ks2 = ks.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                        continue;
+                    };
+                    let t = v["t"].as_i64().unwrap_or(0);
+                    let part = v["partition"].as_i64().unwrap_or(-1) as i32;
+                    let mut l = ks2.lock().expect("ks log");
+                    match v["event"].as_str().unwrap_or("") {
+                        "start" => l.version = v["kafkaStreams"].as_str().unwrap_or("").into(),
+                        "state" => l.running = v["state"] == "RUNNING",
+                        "error" => l.error = Some(v["message"].as_str().unwrap_or("").into()),
+                        "restore_start" => {
+                            l.restore_starts
+                                .push((t, part, v["startOffset"].as_i64().unwrap_or(0)))
+                        }
+                        "restore_end" => {
+                            l.restore_ends
+                                .push((t, part, v["restored"].as_i64().unwrap_or(0)))
+                        }
+                        _ => {}
+                    }
+                }
+            });
+            (child, None)
+        }
+        Kind::Pipe => {
+            let child = Command::new(std::env::current_exe().expect("exe"))
+                .args([
+                    "pipe",
+                    &setup.bootstrap,
+                    &s.input,
+                    &s.output,
+                    &s.app,
+                    s.guarantee.oxbow(),
+                    &setup.commit_ms.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(logf())
+                .spawn()
+                .expect("spawn pipe");
+            (child, None)
+        }
+    };
+    Proc {
+        kind: s.kind,
+        child,
+        addr,
+        ks,
+        log,
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ok while the process lives; its exit (with its log's tail) otherwise.
+    pub fn alive(&mut self) -> Result<(), String> {
+        if let Ok(Some(st)) = self.child.try_wait() {
+            return Err(format!(
+                "{} exited ({st}); {}",
+                self.kind.name(),
+                self.log_tail()
+            ));
+        }
+        if let Some(e) = &self.ks.lock().expect("ks log").error {
+            return Err(format!("kstreams failed: {e}"));
+        }
+        Ok(())
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "log {}:\n{}",
+            self.log.display(),
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        )
+    }
+
+    pub fn status(&self) -> Option<serde_json::Value> {
+        http_get(self.addr.as_deref()?, "/v1/status")
+    }
+
+    /// Waits until the engine processes: the worker reports Running (its restores are
+    /// done), Kafka Streams reaches RUNNING, the pipe has started.
+    pub fn wait_running(&mut self, timeout: Duration) -> Result<Instant, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.alive()?;
+            let ready = match self.kind {
+                Kind::Oxbow => self.status().is_some_and(|s| s["state"] == "Running"),
+                Kind::KStreams => self.ks.lock().expect("ks log").running,
+                Kind::Pipe => true,
+            };
+            if ready {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} not running after {timeout:?}",
+                    self.kind.name()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// What the last start restored. Kafka Streams restores in the background: this waits
+    /// until `expect` restores (and every one that started) have ended.
+    pub fn restore(&mut self, expect: usize, timeout: Duration) -> Result<Restore, String> {
+        match self.kind {
+            Kind::Oxbow => {
+                let s = self.status().ok_or("no status")?;
+                let mut r = Restore::default();
+                let mut modes = std::collections::BTreeSet::new();
+                for t in s["tasks"].as_array().into_iter().flatten() {
+                    let x = &t["restore"];
+                    r.records += x["restored"].as_f64().unwrap_or(0.0)
+                        + x["skipped"].as_f64().unwrap_or(0.0);
+                    r.seconds += x["seconds"].as_f64().unwrap_or(0.0);
+                    if let Some(m) = x["mode"].as_str() {
+                        modes.insert(m.split([' ', '(']).next().unwrap_or(m).to_string());
+                    }
+                }
+                r.mode = modes.into_iter().collect::<Vec<_>>().join("+");
+                Ok(r)
+            }
+            Kind::KStreams => {
+                let deadline = Instant::now() + timeout;
+                loop {
+                    self.alive()?;
+                    {
+                        let l = self.ks.lock().expect("ks log");
+                        let (starts, ends) = (l.restore_starts.len(), l.restore_ends.len());
+                        if l.running && ends >= starts && ends >= expect {
+                            if starts == 0 {
+                                return Ok(Restore {
+                                    mode: "upToDate".into(),
+                                    ..Restore::default()
+                                });
+                            }
+                            let t0 = l.restore_starts.iter().map(|e| e.0).min().unwrap_or(0);
+                            let t1 = l.restore_ends.iter().map(|e| e.0).max().unwrap_or(0);
+                            let full = l.restore_starts.iter().any(|e| e.2 == 0);
+                            return Ok(Restore {
+                                records: l.restore_ends.iter().map(|e| e.2 as f64).sum(),
+                                seconds: (t1 - t0) as f64 / 1000.0,
+                                mode: if full { "full" } else { "tail" }.into(),
+                            });
+                        }
+                    }
+                    if Instant::now() > deadline {
+                        return Err("Kafka Streams restores did not end".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Kind::Pipe => Ok(Restore::default()),
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit (Kafka Streams writes its checkpoints then).
+    pub fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGKILL: no shutdown of any kind.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Copies a state directory (the process that owns it is stopped).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}

@@ -1,0 +1,946 @@
+//! Oxbow side by side with Kafka Streams on the same broker, the same topics and the same
+//! guarantees (`make bench`, issue 7). For each workload it generates the input once
+//! (seeded), runs every engine over it, checks each output against what the generator
+//! computed before the run's figures count, and prints medians with the ratio Oxbow /
+//! Kafka Streams (and Oxbow / raw pipe):
+//!
+//! - W1: windowed aggregate (10-minute tumbling windows, count + sum per user),
+//!   at-least-once and exactly-once; records/s, peak RSS, CPU seconds per million records.
+//! - W2: examples/dedupe.yaml (dedupe, map, sink, dead letters), exactly-once.
+//! - W3: restore of a changelog of BENCH_RESTORE_KEYS keys from an empty state directory,
+//!   and from a copy of the state BENCH_RESTORE_TAIL records behind.
+//! - W4: exactly-once W1, SIGKILL half-way, restart: time until every partition commits
+//!   again, and the changelog records replayed.
+//! - latency: W1 at a fixed input rate: p50/p99 from the input's timestamp to the output
+//!   seen by a read_committed consumer.
+//! - the raw pipe (`compare pipe …`, pipe.rs): consume → produce, no state.
+//!
+//! Environment (defaults are the issue's sizes): KAFKA_BOOTSTRAP; BENCH_RECORDS
+//! (1000000), BENCH_KEYS (100000), BENCH_PARTITIONS (4), BENCH_RUNS (3), BENCH_SEED (42),
+//! BENCH_W2_RECORDS (= BENCH_RECORDS), BENCH_RESTORE_KEYS (1000000), BENCH_RESTORE_TAIL
+//! (50000), BENCH_RATE (5000 records/s), BENCH_LATENCY_SECS (30), BENCH_WORKLOADS
+//! (w1,w2,w3,w4,latency), BENCH_ENGINES (oxbow,kstreams,pipe), BENCH_THREADS (cores),
+//! BENCH_MEMORY_MIB (256, the worker's), BENCH_COMMIT_MS (100), BENCH_KS_CACHE_BYTES (0:
+//! every update emitted, as Oxbow's `emit: onUpdate`), BENCH_KS_JAVA_OPTS (-Xmx1g),
+//! BENCH_KS_PROPS (producer.compression.type=lz4), BENCH_KSTREAMS_DIR (bench/kstreams),
+//! BENCH_REPORT (a markdown file whose results section is replaced), BENCH_KEEP (keep the
+//! run's topics and state).
+
+mod engine;
+mod kafka;
+mod pipe;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU16;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use engine::{Guarantee, Kind, Setup, Spec, cpu_seconds, peak_rss_mib, spawn};
+use kafka::{Kafka, committed, wait_committed};
+use report::{Better, Report};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_str(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+struct Cfg {
+    records: u64,
+    keys: u64,
+    partitions: i32,
+    runs: u64,
+    seed: u64,
+    w2_records: u64,
+    restore_keys: u64,
+    restore_tail: u64,
+    rate: u64,
+    latency_secs: u64,
+    workloads: Vec<String>,
+    engines: Vec<Kind>,
+    ks_cache_bytes: u64,
+}
+
+struct Bench {
+    cfg: Cfg,
+    k: Kafka,
+    setup: Setup,
+    prefix: String,
+    report: Report,
+    /// Recent event times: outputs carry them, and time retention deletes old stamps.
+    base_ts: i64,
+}
+
+const LONG: Duration = Duration::from_secs(1800);
+
+impl Bench {
+    fn spec(
+        &self,
+        kind: Kind,
+        workload: &'static str,
+        g: Guarantee,
+        app: String,
+        input: &str,
+    ) -> Spec {
+        Spec {
+            kind,
+            workload,
+            guarantee: g,
+            output: format!("{app}-out"),
+            dlq: format!("{app}-dlq"),
+            state: self.setup.scratch.join(format!("{app}-state")),
+            input: input.to_string(),
+            app,
+        }
+    }
+
+    /// Runs `s` over `input` until it has committed `ends`: (seconds, peak RSS, CPU s).
+    fn throughput(&self, s: &Spec, ends: &[i64]) -> Result<(f64, f64, f64), String> {
+        let mut p = spawn(&self.setup, s);
+        let res = (|| {
+            let t0 = p.wait_running(Duration::from_secs(600))?;
+            let cpu0 = cpu_seconds(p.pid());
+            let reader = self.k.offsets_reader(&s.app);
+            let input = s.input.split(',').next().unwrap_or_default();
+            let t1 = wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
+            Ok((
+                (t1 - t0).as_secs_f64(),
+                peak_rss_mib(p.pid()),
+                cpu_seconds(p.pid()) - cpu0,
+            ))
+        })();
+        if res.is_err() {
+            eprintln!("{}", p.log_tail());
+        }
+        p.stop();
+        res
+    }
+
+    fn w1(&mut self, input: &str, expected: &workload::W1Expected, ends: &[i64]) {
+        let records = self.cfg.records as f64;
+        for run in 1..=self.cfg.runs {
+            for g in [Guarantee::Alos, Guarantee::Eos] {
+                for &kind in &self.cfg.engines {
+                    let app = format!(
+                        "{}w1-{}-{}-{run}",
+                        self.prefix,
+                        g.label().to_lowercase(),
+                        kind.name()
+                    );
+                    let s = self.spec(kind, "w1", g, app, input);
+                    self.k.create_topic(&s.output, self.cfg.partitions);
+                    eprintln!("W1 {} run {run}: {}…", g.label(), kind.name());
+                    let label = format!("W1 {} run {run} {}", g.label(), kind.name());
+                    let (secs, rss, cpu) = match self.throughput(&s, ends) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            self.report.check(format!("{label}: {e}"), false);
+                            continue;
+                        }
+                    };
+                    let ok = if kind == Kind::Pipe {
+                        let n = kafka::read_all(
+                            &self.k.bootstrap,
+                            &s.output,
+                            self.cfg.partitions,
+                            |_| {},
+                        );
+                        let ok =
+                            n == self.cfg.records || (g == Guarantee::Alos && n > self.cfg.records);
+                        self.report.check(
+                            format!("{label}: {n} records piped of {}", self.cfg.records),
+                            ok,
+                        );
+                        ok
+                    } else {
+                        match workload::check_w1(&self.k, &s.output, self.cfg.partitions, expected)
+                        {
+                            Ok(n) => {
+                                // onUpdate: one output per input record; Kafka Streams' cache
+                                // (when on) folds updates of a key together.
+                                let exact = (kind == Kind::KStreams && self.cfg.ks_cache_bytes > 0)
+                                    || n == self.cfg.records;
+                                self.report.check(
+                                    format!("{label}: {} (key, window) aggregates as generated; {n} outputs for {} inputs", expected.len(), self.cfg.records),
+                                    exact,
+                                );
+                                exact
+                            }
+                            Err(e) => {
+                                self.report.check(format!("{label}: {e}"), false);
+                                false
+                            }
+                        }
+                    };
+                    if ok {
+                        let w = format!("W1 {}", g.label());
+                        self.report
+                            .add(&w, "records/s", Better::Higher, kind, records / secs);
+                        self.report
+                            .add(&w, "peak RSS MiB", Better::Lower, kind, rss);
+                        self.report.add(
+                            &w,
+                            "CPU s / M records",
+                            Better::Lower,
+                            kind,
+                            cpu / (records / 1e6),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn w2(&mut self) {
+        let input = format!("{}w2-in", self.prefix);
+        self.k.create_topic(&input, self.cfg.partitions);
+        eprintln!(
+            "W2: generating {} payments into {input}…",
+            self.cfg.w2_records
+        );
+        let exp = workload::w2(
+            &self.k,
+            &input,
+            self.cfg.w2_records,
+            self.cfg.seed,
+            self.base_ts,
+        );
+        let ends = self
+            .k
+            .end_offsets(&input, self.cfg.partitions)
+            .expect("ends");
+        let records = self.cfg.w2_records as f64;
+        for run in 1..=self.cfg.runs {
+            for &kind in &self.cfg.engines {
+                if kind == Kind::Pipe {
+                    continue;
+                }
+                let app = format!("{}w2-{}-{run}", self.prefix, kind.name());
+                let s = self.spec(kind, "w2", Guarantee::Eos, app, &input);
+                self.k.create_topic(&s.output, self.cfg.partitions);
+                self.k.create_topic(&s.dlq, self.cfg.partitions);
+                eprintln!("W2 EOS run {run}: {}…", kind.name());
+                let label = format!("W2 EOS run {run} {}", kind.name());
+                let (secs, rss, cpu) = match self.throughput(&s, &ends) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.report.check(format!("{label}: {e}"), false);
+                        continue;
+                    }
+                };
+                match workload::check_w2(&self.k, &s.output, &s.dlq, self.cfg.partitions, &exp) {
+                    Ok(n) => {
+                        self.report.check(
+                            format!("{label}: {n} payments accepted once each of {} records (duplicates dropped), {} dead letters", exp.records, exp.dead_letters),
+                            true,
+                        );
+                        self.report.add(
+                            "W2 EOS",
+                            "records/s",
+                            Better::Higher,
+                            kind,
+                            records / secs,
+                        );
+                        self.report
+                            .add("W2 EOS", "peak RSS MiB", Better::Lower, kind, rss);
+                        self.report.add(
+                            "W2 EOS",
+                            "CPU s / M records",
+                            Better::Lower,
+                            kind,
+                            cpu / (records / 1e6),
+                        );
+                    }
+                    Err(e) => self.report.check(format!("{label}: {e}"), false),
+                }
+            }
+        }
+    }
+
+    fn restore_once(&mut self, s: &Spec, what: &str, metric_prefix: &str, min_records: f64) {
+        let label = format!("W3 {what} {}", s.kind.name());
+        let mut p = spawn(&self.setup, s);
+        let r = p
+            .wait_running(LONG)
+            .and_then(|_| p.restore(self.cfg.partitions as usize, LONG));
+        let rss = peak_rss_mib(p.pid());
+        if r.is_err() {
+            eprintln!("{}", p.log_tail());
+        }
+        p.stop();
+        match r {
+            Ok(r) => {
+                let ok = r.records >= min_records && r.seconds > 0.0;
+                self.report.check(
+                    format!("{label}: {:.0} changelog records in {:.2} s ({}), at least {min_records:.0} expected", r.records, r.seconds, r.mode),
+                    ok,
+                );
+                if ok {
+                    self.report.add(
+                        "W3 restore",
+                        &format!("{metric_prefix} records/s"),
+                        Better::Higher,
+                        s.kind,
+                        r.records / r.seconds,
+                    );
+                    self.report.add(
+                        "W3 restore",
+                        &format!("{metric_prefix} seconds"),
+                        Better::Lower,
+                        s.kind,
+                        r.seconds,
+                    );
+                    self.report.add(
+                        "W3 restore",
+                        &format!("{metric_prefix} records"),
+                        Better::Lower,
+                        s.kind,
+                        r.records,
+                    );
+                    self.report.add(
+                        "W3 restore",
+                        &format!("{metric_prefix} peak RSS MiB"),
+                        Better::Lower,
+                        s.kind,
+                        rss,
+                    );
+                    self.report.note(
+                        "W3 restore",
+                        &format!("{metric_prefix} seconds"),
+                        s.kind,
+                        r.mode,
+                    );
+                }
+            }
+            Err(e) => self.report.check(format!("{label}: {e}"), false),
+        }
+    }
+
+    fn w3(&mut self) {
+        let (keys, tail) = (
+            self.cfg.restore_keys,
+            self.cfg.restore_tail.min(self.cfg.restore_keys),
+        );
+        let input = format!("{}w3-in", self.prefix);
+        let tail_topic = format!("{}w3-tail", self.prefix);
+        self.k.create_topic(&input, self.cfg.partitions);
+        self.k.create_topic(&tail_topic, self.cfg.partitions);
+        eprintln!("W3: generating {keys} keys into {input}…");
+        workload::w3(&self.k, &input, 0..keys, self.cfg.seed, self.base_ts);
+        let ends = self
+            .k
+            .end_offsets(&input, self.cfg.partitions)
+            .expect("ends");
+        let both = format!("{input},{tail_topic}");
+        let engines: Vec<Kind> = self
+            .cfg
+            .engines
+            .iter()
+            .copied()
+            .filter(|k| *k != Kind::Pipe)
+            .collect();
+        let mut specs = Vec::new();
+        // Build each engine's store and changelog (exactly-once), stop cleanly, keep a copy.
+        for &kind in &engines {
+            let app = format!("{}w3-{}", self.prefix, kind.name());
+            let s = self.spec(kind, "w3", Guarantee::Eos, app, &both);
+            self.k.create_topic(&s.output, self.cfg.partitions);
+            eprintln!("W3: {} builds its store of {keys} keys…", kind.name());
+            if let Err(e) = self.throughput(&s, &ends) {
+                self.report
+                    .check(format!("W3 build {}: {e}", kind.name()), false);
+                continue;
+            }
+            engine::copy_dir(&s.state, &s.state.with_extension("behind"));
+            specs.push(s);
+        }
+        // The tail: `tail` more updates, applied by each engine to its live state only.
+        workload::w3(
+            &self.k,
+            &tail_topic,
+            0..tail,
+            self.cfg.seed,
+            self.base_ts + keys as i64,
+        );
+        let tail_ends = self
+            .k
+            .end_offsets(&tail_topic, self.cfg.partitions)
+            .expect("ends");
+        for s in &specs {
+            eprintln!("W3: {} applies the tail of {tail} records…", s.kind.name());
+            let mut p = spawn(&self.setup, s);
+            let r = p.wait_running(LONG).and_then(|_| {
+                let reader = self.k.offsets_reader(&s.app);
+                wait_committed(&reader, &tail_topic, &tail_ends, LONG, &mut || p.alive())
+            });
+            p.stop();
+            if let Err(e) = r {
+                self.report
+                    .check(format!("W3 tail {}: {e}", s.kind.name()), false);
+            }
+        }
+        for run in 1..=self.cfg.runs {
+            for s in &specs {
+                eprintln!(
+                    "W3 run {run}: {} restores from an empty state directory…",
+                    s.kind.name()
+                );
+                let _ = std::fs::remove_dir_all(&s.state);
+                self.restore_once(s, &format!("full run {run}"), "full", keys as f64);
+                eprintln!(
+                    "W3 run {run}: {} restores from a copy {tail} records behind…",
+                    s.kind.name()
+                );
+                let _ = std::fs::remove_dir_all(&s.state);
+                engine::copy_dir(&s.state.with_extension("behind"), &s.state);
+                self.restore_once(s, &format!("tail run {run}"), "tail", tail as f64);
+            }
+        }
+    }
+
+    fn w4(&mut self, input: &str, expected: &workload::W1Expected, ends: &[i64]) {
+        let total: i64 = ends.iter().sum();
+        for &kind in &self.cfg.engines {
+            if kind == Kind::Pipe {
+                continue;
+            }
+            let app = format!("{}w4-{}", self.prefix, kind.name());
+            let s = self.spec(kind, "w1", Guarantee::Eos, app, input);
+            self.k.create_topic(&s.output, self.cfg.partitions);
+            let label = format!("W4 {}", kind.name());
+            eprintln!(
+                "W4: {} runs W1 exactly-once, SIGKILL half-way…",
+                kind.name()
+            );
+            let reader = self.k.offsets_reader(&s.app);
+            let mut p = spawn(&self.setup, &s);
+            let half = (|| {
+                p.wait_running(Duration::from_secs(600))?;
+                let deadline = Instant::now() + LONG;
+                loop {
+                    p.alive()?;
+                    if committed(&reader, input, self.cfg.partitions)
+                        .iter()
+                        .sum::<i64>()
+                        * 2
+                        >= total
+                    {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        return Err("never reached half-way".to_string());
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })();
+            p.kill();
+            if let Err(e) = half {
+                self.report.check(format!("{label}: {e}"), false);
+                continue;
+            }
+            let at_kill = committed(&reader, input, self.cfg.partitions);
+            let restarted = Instant::now();
+            let mut p = spawn(&self.setup, &s);
+            let resumed = (|| -> Result<(f64, engine::Restore), String> {
+                let deadline = Instant::now() + LONG;
+                loop {
+                    p.alive()?;
+                    let now = committed(&reader, input, self.cfg.partitions);
+                    if now
+                        .iter()
+                        .zip(&at_kill)
+                        .zip(ends)
+                        .all(|((n, k), e)| n > k || k >= e)
+                    {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        return Err("processing did not resume".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let secs = restarted.elapsed().as_secs_f64();
+                let r = p.restore(0, LONG)?;
+                wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
+                Ok((secs, r))
+            })();
+            if resumed.is_err() {
+                eprintln!("{}", p.log_tail());
+            }
+            p.stop();
+            match resumed {
+                Ok((secs, r)) => {
+                    let check =
+                        workload::check_w1(&self.k, &s.output, self.cfg.partitions, expected);
+                    let ok = match &check {
+                        Ok(n) => {
+                            *n == self.cfg.records
+                                || (kind == Kind::KStreams && self.cfg.ks_cache_bytes > 0)
+                        }
+                        Err(_) => false,
+                    };
+                    self.report.check(
+                        format!(
+                            "{label}: resumed {secs:.2} s after the restart, {:.0} changelog records replayed ({}); output after the crash: {}",
+                            r.records,
+                            r.mode,
+                            match check {
+                                Ok(n) => format!("{n} outputs for {} inputs, aggregates as generated", self.cfg.records),
+                                Err(e) => e,
+                            }
+                        ),
+                        ok,
+                    );
+                    if ok {
+                        self.report.add(
+                            "W4 crash (EOS)",
+                            "resume seconds",
+                            Better::Lower,
+                            kind,
+                            secs,
+                        );
+                        self.report.add(
+                            "W4 crash (EOS)",
+                            "changelog records replayed",
+                            Better::Lower,
+                            kind,
+                            r.records,
+                        );
+                        self.report.note(
+                            "W4 crash (EOS)",
+                            "changelog records replayed",
+                            kind,
+                            r.mode,
+                        );
+                    }
+                }
+                Err(e) => self.report.check(format!("{label}: {e}"), false),
+            }
+        }
+    }
+
+    /// W1 at a fixed rate: latency from the input's timestamp (the producer's clock) to the
+    /// output seen by a read_committed consumer, after a warm-up of a fifth of the run.
+    fn latency(&mut self) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::Message;
+        let (rate, secs) = (self.cfg.rate.max(1), self.cfg.latency_secs.max(5));
+        for g in [Guarantee::Alos, Guarantee::Eos] {
+            for &kind in &self.cfg.engines {
+                let app = format!(
+                    "{}lat-{}-{}",
+                    self.prefix,
+                    g.label().to_lowercase(),
+                    kind.name()
+                );
+                let input = format!("{app}-in");
+                self.k.create_topic(&input, self.cfg.partitions);
+                let s = self.spec(kind, "w1", g, app, &input);
+                self.k.create_topic(&s.output, self.cfg.partitions);
+                let label = format!("latency W1 {} {}", g.label(), kind.name());
+                eprintln!("{label}: {rate} records/s for {secs} s…");
+                let mut p = spawn(&self.setup, &s);
+                if let Err(e) = p.wait_running(Duration::from_secs(600)) {
+                    self.report.check(format!("{label}: {e}"), false);
+                    p.stop();
+                    continue;
+                }
+                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (bootstrap, output, parts, stop2) = (
+                    self.k.bootstrap.clone(),
+                    s.output.clone(),
+                    self.cfg.partitions,
+                    stop.clone(),
+                );
+                let warm_until = now_ms() + (secs as i64 * 1000) / 5;
+                let reader = std::thread::spawn(move || {
+                    let c: BaseConsumer = rdkafka::ClientConfig::new()
+                        .set("bootstrap.servers", &bootstrap)
+                        .set("group.id", format!("{output}-latency"))
+                        .set("isolation.level", "read_committed")
+                        .set("fetch.wait.max.ms", "10")
+                        .create()
+                        .expect("latency consumer");
+                    let mut tpl = rdkafka::TopicPartitionList::new();
+                    for q in 0..parts {
+                        tpl.add_partition_offset(&output, q, rdkafka::Offset::Beginning)
+                            .expect("tpl");
+                    }
+                    c.assign(&tpl).expect("assign");
+                    let (mut lat, mut n) = (Vec::new(), 0u64);
+                    while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
+                            n += 1;
+                            let ts = m.timestamp().to_millis().unwrap_or(0);
+                            if ts >= warm_until {
+                                lat.push((now_ms() - ts) as f64);
+                            }
+                        }
+                    }
+                    (lat, n)
+                });
+                let prod = kafka::generator_producer(&self.k.bootstrap);
+                let mut rng = workload::Rng::new(self.cfg.seed ^ 0x1a7);
+                let start = Instant::now();
+                let total = rate * secs;
+                for i in 0..total {
+                    let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    let x = rng.next();
+                    let name = workload::user(x % self.cfg.keys);
+                    let ts = now_ms();
+                    kafka::send(
+                        &prod,
+                        &input,
+                        name.as_bytes(),
+                        workload::payment(&name, (x >> 20) % 10_000, 1, ts).as_bytes(),
+                        ts,
+                    );
+                    if i % 64 == 0 {
+                        rdkafka::producer::Producer::flush(&prod, Duration::ZERO).ok();
+                    }
+                }
+                let _ = rdkafka::producer::Producer::flush(&prod, Duration::from_secs(30));
+                // Let the outputs drain, then stop the reader.
+                let ends = self
+                    .k
+                    .end_offsets(&input, self.cfg.partitions)
+                    .expect("ends");
+                let offsets = self.k.offsets_reader(&s.app);
+                let drained = wait_committed(
+                    &offsets,
+                    &input,
+                    &ends,
+                    Duration::from_secs(120),
+                    &mut || p.alive(),
+                );
+                std::thread::sleep(Duration::from_millis(500));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let (mut lat, n) = reader.join().expect("reader");
+                p.stop();
+                lat.sort_by(|a, b| a.total_cmp(b));
+                let pct = |q: f64| {
+                    lat.get(((lat.len() as f64 - 1.0) * q).round() as usize)
+                        .copied()
+                        .unwrap_or(f64::NAN)
+                };
+                let ok = drained.is_ok() && n >= total && !lat.is_empty();
+                self.report.check(
+                    format!(
+                        "{label}: {n} outputs for {total} inputs at {rate}/s; p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms over {} samples{}",
+                        pct(0.5), pct(0.99), pct(1.0), lat.len(),
+                        drained.err().map(|e| format!("; {e}")).unwrap_or_default()
+                    ),
+                    ok,
+                );
+                if ok {
+                    let w = format!("latency W1 {} @{rate}/s", g.label());
+                    self.report.add(&w, "p50 ms", Better::Lower, kind, pct(0.5));
+                    self.report
+                        .add(&w, "p99 ms", Better::Lower, kind, pct(0.99));
+                }
+            }
+        }
+    }
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map_or(0.0, |k| k / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{} cores ({model}), {mem:.0} GiB, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn command_output(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| {
+            let s = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&s)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("pipe") {
+        pipe::run(&args[2..]);
+        return;
+    }
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP")
+        .expect("KAFKA_BOOTSTRAP (run `make up`, source ~/.cache/oxbow/stack/env)");
+    let records = env_u64("BENCH_RECORDS", 1_000_000);
+    let engines: Vec<Kind> = env_str("BENCH_ENGINES", "oxbow,kstreams,pipe")
+        .split(',')
+        .filter_map(|e| match e.trim() {
+            "oxbow" => Some(Kind::Oxbow),
+            "kstreams" => Some(Kind::KStreams),
+            "pipe" => Some(Kind::Pipe),
+            "" => None,
+            other => panic!("BENCH_ENGINES: unknown engine {other}"),
+        })
+        .collect();
+    let cfg = Cfg {
+        records,
+        keys: env_u64("BENCH_KEYS", 100_000).max(1),
+        partitions: env_u64("BENCH_PARTITIONS", 4).max(1) as i32,
+        runs: env_u64("BENCH_RUNS", 3).max(1),
+        seed: env_u64("BENCH_SEED", 42),
+        w2_records: env_u64("BENCH_W2_RECORDS", records),
+        restore_keys: env_u64("BENCH_RESTORE_KEYS", 1_000_000).max(1),
+        restore_tail: env_u64("BENCH_RESTORE_TAIL", 50_000),
+        rate: env_u64("BENCH_RATE", 5_000),
+        latency_secs: env_u64("BENCH_LATENCY_SECS", 30),
+        workloads: env_str("BENCH_WORKLOADS", "w1,w2,w3,w4,latency")
+            .split(',')
+            .map(|w| w.trim().to_string())
+            .filter(|w| !w.is_empty())
+            .collect(),
+        engines,
+        ks_cache_bytes: env_u64("BENCH_KS_CACHE_BYTES", 0),
+    };
+    let exe = std::env::current_exe().expect("exe");
+    let worker = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("oxbow-worker");
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let ks_dir = std::env::var("BENCH_KSTREAMS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo.join("bench/kstreams"));
+    let ks_classpath = if cfg.engines.contains(&Kind::KStreams) {
+        let deps = std::fs::read_to_string(ks_dir.join("target/classpath.txt")).unwrap_or_else(|_| {
+            panic!("{}/target/classpath.txt is missing: build the peer with `make bench` (bench/build-kstreams.sh)", ks_dir.display())
+        });
+        format!(
+            "{}:{}",
+            ks_dir.join("target/classes").display(),
+            deps.trim()
+        )
+    } else {
+        String::new()
+    };
+    if cfg.engines.contains(&Kind::Oxbow) {
+        assert!(
+            worker.exists(),
+            "{} is missing: cargo build --release -p oxbow-worker",
+            worker.display()
+        );
+    }
+    let run_id = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let prefix = format!("bench-{run_id}-");
+    let scratch = std::env::temp_dir().join(format!("oxbow-compare-{run_id}"));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let threads = env_u64(
+        "BENCH_THREADS",
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+    ) as usize;
+    let setup = Setup {
+        bootstrap: bootstrap.clone(),
+        worker: worker.clone(),
+        java: env_str("BENCH_JAVA", "java"),
+        java_opts: env_str("BENCH_KS_JAVA_OPTS", "-Xmx1g")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        ks_classpath,
+        ks_props: env_str("BENCH_KS_PROPS", "producer.compression.type=lz4")
+            .split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| format!("prop.{}", p.trim()))
+            .collect(),
+        threads,
+        ks_cache_bytes: cfg.ks_cache_bytes,
+        memory_mib: env_u64("BENCH_MEMORY_MIB", 256),
+        commit_ms: env_u64("BENCH_COMMIT_MS", 100),
+        scratch: scratch.clone(),
+        dedupe_example: repo.join("examples/dedupe.yaml"),
+        port: AtomicU16::new(18600 + (run_id % 200) as u16 * 10),
+    };
+    let base_ts = (now_ms() - 86_400_000) / workload::WINDOW_MS * workload::WINDOW_MS;
+    let load_before = loadavg();
+    let started = Instant::now();
+    let mut b = Bench {
+        k: Kafka::new(&bootstrap),
+        setup,
+        prefix: prefix.clone(),
+        report: Report::default(),
+        base_ts,
+        cfg,
+    };
+    eprintln!(
+        "bench run {prefix}: {} records, {} keys, {} partitions, {} runs, engines {:?}, workloads {:?}, scratch {}",
+        b.cfg.records,
+        b.cfg.keys,
+        b.cfg.partitions,
+        b.cfg.runs,
+        b.cfg.engines,
+        b.cfg.workloads,
+        scratch.display()
+    );
+    let wants = |w: &str| b.cfg.workloads.iter().any(|x| x == w);
+    let (do_w1, do_w2, do_w3, do_w4, do_lat) = (
+        wants("w1"),
+        wants("w2"),
+        wants("w3"),
+        wants("w4"),
+        wants("latency"),
+    );
+    if do_w1 || do_w4 {
+        let input = format!("{prefix}w1-in");
+        b.k.create_topic(&input, b.cfg.partitions);
+        eprintln!(
+            "W1: generating {} records over {} keys into {input}…",
+            b.cfg.records, b.cfg.keys
+        );
+        let expected = workload::w1(&b.k, &input, b.cfg.records, b.cfg.keys, b.cfg.seed, base_ts);
+        let ends = b.k.end_offsets(&input, b.cfg.partitions).expect("ends");
+        if do_w1 {
+            b.w1(&input, &expected, &ends);
+        }
+        if do_w4 {
+            b.w4(&input, &expected, &ends);
+        }
+    }
+    if do_w2 {
+        b.w2();
+    }
+    if do_w3 {
+        b.w3();
+    }
+    if do_lat {
+        b.latency();
+    }
+    let load_after = loadavg();
+
+    let ks_version = env_str("BENCH_KAFKA_VERSION", "4.1.2");
+    let summary = format!(
+        "Run {prefix} on {}, {}; load average {load_before} before, {load_after} after; {:.0} min.\n\n\
+         Versions: Oxbow {} ({}), librdkafka {}, Kafka Streams {ks_version} on {}, Kafka broker {ks_version} (local, one broker).\n\n\
+         Parameters: {} records over {} keys, {} partitions, {} runs (medians), seed {}; W2 {} records; W3 {} keys, tail {}; \
+         latency {} records/s for {} s; commit interval {} ms; worker --memory-mib {}; Kafka Streams {} stream threads, \
+         statestore.cache.max.bytes {}, JVM {}, {}.\n",
+        machine(),
+        command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        started.elapsed().as_secs_f64() / 60.0,
+        env!("CARGO_PKG_VERSION"),
+        command_output(
+            "git",
+            &[
+                "-C",
+                &repo.display().to_string(),
+                "rev-parse",
+                "--short",
+                "HEAD"
+            ]
+        ),
+        rdkafka::util::get_rdkafka_version().1,
+        command_output(&b.setup.java, &["-version"]),
+        b.cfg.records,
+        b.cfg.keys,
+        b.cfg.partitions,
+        b.cfg.runs,
+        b.cfg.seed,
+        b.cfg.w2_records,
+        b.cfg.restore_keys,
+        b.cfg.restore_tail,
+        b.cfg.rate,
+        b.cfg.latency_secs,
+        b.setup.commit_ms,
+        b.setup.memory_mib,
+        b.setup.threads,
+        b.cfg.ks_cache_bytes,
+        b.setup.java_opts.join(" "),
+        b.setup.ks_props.join(" "),
+    );
+    let table = b.report.table();
+    let checks = b.report.checks.join("\n");
+    println!(
+        "\n{summary}\n{table}\nCorrectness checks ({} failed):\n{checks}",
+        b.report.failures
+    );
+
+    if let Ok(path) = std::env::var("BENCH_REPORT") {
+        let block = format!(
+            "<!-- results:begin (written by `make bench`; everything up to results:end is replaced) -->\n{summary}\n{table}\n<details><summary>Correctness checks ({} failed)</summary>\n\n```\n{checks}\n```\n</details>\n<!-- results:end -->",
+            b.report.failures
+        );
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let new = match (
+            old.find("<!-- results:begin"),
+            old.find("<!-- results:end -->"),
+        ) {
+            (Some(a), Some(z)) if a < z => format!(
+                "{}{block}{}",
+                &old[..a],
+                &old[z + "<!-- results:end -->".len()..]
+            ),
+            _ => format!("{old}\n{block}\n"),
+        };
+        std::fs::write(&path, new).expect("write report");
+        eprintln!("wrote {path}");
+    }
+    if std::env::var("BENCH_KEEP").is_err() {
+        let n = b.k.delete_topics_with_prefix(&prefix);
+        let _ = std::fs::remove_dir_all(&scratch);
+        eprintln!("deleted {n} topics {prefix}* and {}", scratch.display());
+    }
+    if b.report.failures > 0 {
+        std::process::exit(1);
+    }
+}
