@@ -79,6 +79,8 @@ pub struct Spec {
     pub output: String,
     pub dlq: String,
     pub state: PathBuf,
+    /// More `key=value` arguments for the Kafka Streams peer.
+    pub extra: Vec<String>,
 }
 
 #[derive(Default)]
@@ -106,6 +108,8 @@ pub struct Restore {
     pub records: f64,
     pub seconds: f64,
     pub mode: String,
+    /// When the engine had restored everything (epoch ms).
+    pub finished_ms: i64,
 }
 
 pub fn http_get(addr: &str, path: &str) -> Option<serde_json::Value> {
@@ -208,7 +212,10 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                     "--memory-mib",
                     &setup.memory_mib.to_string(),
                 ])
-                .env("RUST_LOG", "warn")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                )
                 .stdout(Stdio::null())
                 .stderr(logf())
                 .spawn()
@@ -233,6 +240,7 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                 .arg(format!("commitMs={}", setup.commit_ms))
                 .arg(format!("cacheBytes={}", setup.ks_cache_bytes))
                 .args(&setup.ks_props)
+                .args(&s.extra)
                 .stdout(Stdio::piped())
                 .stderr(logf());
             let mut child = cmd.spawn().expect("spawn java (Kafka Streams peer)");
@@ -325,18 +333,22 @@ impl Proc {
         http_get(self.addr.as_deref()?, "/v1/status")
     }
 
+    /// Whether the engine reports that it processes (see `wait_running`).
+    pub fn is_running(&self) -> bool {
+        match self.kind {
+            Kind::Oxbow => self.status().is_some_and(|s| s["state"] == "Running"),
+            Kind::KStreams => self.ks.lock().expect("ks log").running,
+            Kind::Pipe => true,
+        }
+    }
+
     /// Waits until the engine processes: the worker reports Running (its restores are
     /// done), Kafka Streams reaches RUNNING, the pipe has started.
     pub fn wait_running(&mut self, timeout: Duration) -> Result<Instant, String> {
         let deadline = Instant::now() + timeout;
         loop {
             self.alive()?;
-            let ready = match self.kind {
-                Kind::Oxbow => self.status().is_some_and(|s| s["state"] == "Running"),
-                Kind::KStreams => self.ks.lock().expect("ks log").running,
-                Kind::Pipe => true,
-            };
-            if ready {
+            if self.is_running() {
                 return Ok(Instant::now());
             }
             if Instant::now() > deadline {
@@ -367,6 +379,7 @@ impl Proc {
                     }
                 }
                 r.mode = modes.into_iter().collect::<Vec<_>>().join("+");
+                r.finished_ms = crate::now_ms();
                 Ok(r)
             }
             Kind::KStreams => {
@@ -380,6 +393,7 @@ impl Proc {
                             if starts == 0 {
                                 return Ok(Restore {
                                     mode: "upToDate".into(),
+                                    finished_ms: crate::now_ms(),
                                     ..Restore::default()
                                 });
                             }
@@ -390,6 +404,7 @@ impl Proc {
                                 records: l.restore_ends.iter().map(|e| e.2 as f64).sum(),
                                 seconds: (t1 - t0) as f64 / 1000.0,
                                 mode: if full { "full" } else { "tail" }.into(),
+                                finished_ms: t1,
                             });
                         }
                     }

@@ -102,6 +102,7 @@ impl Bench {
             output: format!("{app}-out"),
             dlq: format!("{app}-dlq"),
             state: self.setup.scratch.join(format!("{app}-state")),
+            extra: Vec::new(),
             input: input.to_string(),
             app,
         }
@@ -272,10 +273,16 @@ impl Bench {
 
     fn restore_once(&mut self, s: &Spec, what: &str, metric_prefix: &str, min_records: f64) {
         let label = format!("W3 {what} {}", s.kind.name());
+        let spawned = now_ms();
         let mut p = spawn(&self.setup, s);
         let r = p
             .wait_running(LONG)
             .and_then(|_| p.restore(self.cfg.partitions as usize, LONG));
+        // From the process start to restored: start-up, (JVM, group join,) restore.
+        let overall = r
+            .as_ref()
+            .map(|r| (r.finished_ms.max(spawned) - spawned) as f64 / 1000.0)
+            .unwrap_or(0.0);
         let rss = peak_rss_mib(p.pid());
         if r.is_err() {
             eprintln!("{}", p.log_tail());
@@ -285,7 +292,7 @@ impl Bench {
             Ok(r) => {
                 let ok = r.records >= min_records && r.seconds > 0.0;
                 self.report.check(
-                    format!("{label}: {:.0} changelog records in {:.2} s ({}), at least {min_records:.0} expected", r.records, r.seconds, r.mode),
+                    format!("{label}: {:.0} changelog records in {:.2} s ({}), at least {min_records:.0} expected; restored {overall:.2} s after the process started", r.records, r.seconds, r.mode),
                     ok,
                 );
                 if ok {
@@ -302,6 +309,13 @@ impl Bench {
                         Better::Lower,
                         s.kind,
                         r.seconds,
+                    );
+                    self.report.add(
+                        "W3 restore",
+                        &format!("{metric_prefix}: seconds from process start"),
+                        Better::Lower,
+                        s.kind,
+                        overall,
                     );
                     self.report.add(
                         "W3 restore",
@@ -412,124 +426,177 @@ impl Bench {
     }
 
     fn w4(&mut self, input: &str, expected: &workload::W1Expected, ends: &[i64]) {
-        let total: i64 = ends.iter().sum();
+        // Kafka Streams twice: with its defaults (dynamic membership: the restarted
+        // instance waits for the killed member's session to time out) and with static
+        // membership (group.instance.id: it takes its partitions back at once).
+        let mut variants = Vec::new();
         for &kind in &self.cfg.engines {
-            if kind == Kind::Pipe {
-                continue;
-            }
-            let app = format!("{}w4-{}", self.prefix, kind.name());
-            let s = self.spec(kind, "w1", Guarantee::Eos, app, input);
-            self.k.create_topic(&s.output, self.cfg.partitions);
-            let label = format!("W4 {}", kind.name());
-            eprintln!(
-                "W4: {} runs W1 exactly-once, SIGKILL half-way…",
-                kind.name()
-            );
-            let reader = self.k.offsets_reader(&s.app);
-            let mut p = spawn(&self.setup, &s);
-            let half = (|| {
-                p.wait_running(Duration::from_secs(600))?;
-                let deadline = Instant::now() + LONG;
-                loop {
-                    p.alive()?;
-                    if committed(&reader, input, self.cfg.partitions)
-                        .iter()
-                        .sum::<i64>()
-                        * 2
-                        >= total
-                    {
-                        return Ok(());
-                    }
-                    if Instant::now() > deadline {
-                        return Err("never reached half-way".to_string());
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            })();
-            p.kill();
-            if let Err(e) = half {
-                self.report.check(format!("{label}: {e}"), false);
-                continue;
-            }
-            let at_kill = committed(&reader, input, self.cfg.partitions);
-            let restarted = Instant::now();
-            let mut p = spawn(&self.setup, &s);
-            let resumed = (|| -> Result<(f64, engine::Restore), String> {
-                let deadline = Instant::now() + LONG;
-                loop {
-                    p.alive()?;
-                    let now = committed(&reader, input, self.cfg.partitions);
-                    if now
-                        .iter()
-                        .zip(&at_kill)
-                        .zip(ends)
-                        .all(|((n, k), e)| n > k || k >= e)
-                    {
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        return Err("processing did not resume".into());
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let secs = restarted.elapsed().as_secs_f64();
-                let r = p.restore(0, LONG)?;
-                wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
-                Ok((secs, r))
-            })();
-            if resumed.is_err() {
-                eprintln!("{}", p.log_tail());
-            }
-            p.stop();
-            match resumed {
-                Ok((secs, r)) => {
-                    let check =
-                        workload::check_w1(&self.k, &s.output, self.cfg.partitions, expected);
-                    let ok = match &check {
-                        Ok(n) => {
-                            *n == self.cfg.records
-                                || (kind == Kind::KStreams && self.cfg.ks_cache_bytes > 0)
-                        }
-                        Err(_) => false,
-                    };
-                    self.report.check(
-                        format!(
-                            "{label}: resumed {secs:.2} s after the restart, {:.0} changelog records replayed ({}); output after the crash: {}",
-                            r.records,
-                            r.mode,
-                            match check {
-                                Ok(n) => format!("{n} outputs for {} inputs, aggregates as generated", self.cfg.records),
-                                Err(e) => e,
-                            }
-                        ),
-                        ok,
-                    );
-                    if ok {
-                        self.report.add(
-                            "W4 crash (EOS)",
-                            "resume seconds",
-                            Better::Lower,
-                            kind,
-                            secs,
-                        );
-                        self.report.add(
-                            "W4 crash (EOS)",
-                            "changelog records replayed",
-                            Better::Lower,
-                            kind,
-                            r.records,
-                        );
-                        self.report.note(
-                            "W4 crash (EOS)",
-                            "changelog records replayed",
-                            kind,
-                            r.mode,
-                        );
-                    }
-                }
-                Err(e) => self.report.check(format!("{label}: {e}"), false),
+            match kind {
+                Kind::Oxbow => variants.push((kind, false)),
+                Kind::KStreams => variants.extend([(kind, false), (kind, true)]),
+                Kind::Pipe => {}
             }
         }
+        let mut oxbow_resume = None;
+        for (kind, static_membership) in variants {
+            let Some((resume, running, r)) =
+                self.crash_once(input, expected, ends, kind, static_membership)
+            else {
+                continue;
+            };
+            let w = "W4 crash (EOS)";
+            if static_membership {
+                if let Some(o) = oxbow_resume {
+                    self.report.add(
+                        w,
+                        "resume seconds, Kafka Streams with static membership",
+                        Better::Lower,
+                        Kind::Oxbow,
+                        o,
+                    );
+                }
+                self.report.add(
+                    w,
+                    "resume seconds, Kafka Streams with static membership",
+                    Better::Lower,
+                    kind,
+                    resume,
+                );
+                continue;
+            }
+            if kind == Kind::Oxbow {
+                oxbow_resume = Some(resume);
+            }
+            self.report
+                .add(w, "resume seconds", Better::Lower, kind, resume);
+            self.report.add(
+                w,
+                "seconds to running (restored)",
+                Better::Lower,
+                kind,
+                running,
+            );
+            self.report.add(
+                w,
+                "changelog records replayed",
+                Better::Lower,
+                kind,
+                r.records,
+            );
+            self.report
+                .note(w, "changelog records replayed", kind, r.mode);
+        }
+    }
+
+    /// W1 exactly-once, SIGKILL half-way, restart on the same state: (seconds until every
+    /// partition commits again, seconds until the engine reports running, the restore).
+    fn crash_once(
+        &mut self,
+        input: &str,
+        expected: &workload::W1Expected,
+        ends: &[i64],
+        kind: Kind,
+        static_membership: bool,
+    ) -> Option<(f64, f64, engine::Restore)> {
+        let total: i64 = ends.iter().sum();
+        let variant = if static_membership { "-static" } else { "" };
+        let app = format!("{}w4-{}{variant}", self.prefix, kind.name());
+        let mut s = self.spec(kind, "w1", Guarantee::Eos, app, input);
+        if static_membership {
+            s.extra
+                .push(format!("prop.group.instance.id={}-instance", s.app));
+        }
+        self.k.create_topic(&s.output, self.cfg.partitions);
+        let label = format!("W4 {}{variant}", kind.name());
+        eprintln!("{label}: W1 exactly-once, SIGKILL half-way…");
+        let reader = self.k.offsets_reader(&s.app);
+        let mut p = spawn(&self.setup, &s);
+        let half = (|| {
+            p.wait_running(Duration::from_secs(600))?;
+            let deadline = Instant::now() + LONG;
+            loop {
+                p.alive()?;
+                if committed(&reader, input, self.cfg.partitions)
+                    .iter()
+                    .sum::<i64>()
+                    * 2
+                    >= total
+                {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    return Err("never reached half-way".to_string());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })();
+        p.kill();
+        if let Err(e) = half {
+            self.report.check(format!("{label}: {e}"), false);
+            return None;
+        }
+        let at_kill = committed(&reader, input, self.cfg.partitions);
+        let restarted = Instant::now();
+        let mut p = spawn(&self.setup, &s);
+        let resumed = (|| -> Result<(f64, f64, engine::Restore), String> {
+            let deadline = Instant::now() + LONG;
+            let mut running = None;
+            loop {
+                p.alive()?;
+                if running.is_none() && p.is_running() {
+                    running = Some(restarted.elapsed().as_secs_f64());
+                }
+                let now = committed(&reader, input, self.cfg.partitions);
+                if now
+                    .iter()
+                    .zip(&at_kill)
+                    .zip(ends)
+                    .all(|((n, k), e)| n > k || k >= e)
+                {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err("processing did not resume".into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let secs = restarted.elapsed().as_secs_f64();
+            let running = running.unwrap_or(secs);
+            let r = p.restore(0, LONG)?;
+            wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
+            Ok((secs, running, r))
+        })();
+        if resumed.is_err() {
+            eprintln!("{}", p.log_tail());
+        }
+        p.stop();
+        let (secs, running, r) = match resumed {
+            Ok(x) => x,
+            Err(e) => {
+                self.report.check(format!("{label}: {e}"), false);
+                return None;
+            }
+        };
+        let check = workload::check_w1(&self.k, &s.output, self.cfg.partitions, expected);
+        let ok = match &check {
+            Ok(n) => {
+                *n == self.cfg.records || (kind == Kind::KStreams && self.cfg.ks_cache_bytes > 0)
+            }
+            Err(_) => false,
+        };
+        self.report.check(
+            format!(
+                "{label}: running {running:.2} s and committing on every partition {secs:.2} s after the restart, {:.0} changelog records replayed ({}); output after the crash: {}",
+                r.records,
+                r.mode,
+                match check {
+                    Ok(n) => format!("{n} outputs for {} inputs, aggregates as generated", self.cfg.records),
+                    Err(e) => e,
+                }
+            ),
+            ok,
+        );
+        ok.then_some((secs, running, r))
     }
 
     /// W1 at a fixed rate: latency from the input's timestamp (the producer's clock) to the
