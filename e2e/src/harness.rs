@@ -179,6 +179,33 @@ pub fn kubectl_path() -> PathBuf {
     }
 }
 
+/// The helm `make up` builds (`e2e/stack/build-helm.sh`), else `helm` on the PATH.
+pub fn helm_path() -> PathBuf {
+    let version = std::env::var("HELM_VERSION").unwrap_or_else(|_| "v3.19.5".into());
+    let p = cache_dir().join("helm").join(version).join("bin/helm");
+    if p.exists() { p } else { PathBuf::from("helm") }
+}
+
+/// Runs helm against the stack; returns (success, stdout, stderr).
+pub fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(helm_path())
+        .args(args)
+        .env("KUBECONFIG", stack_var("KUBECONFIG"))
+        .current_dir(workspace_root())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "failed to run helm ({}): {e}; `make up` builds it",
+                helm_path().display()
+            )
+        });
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Runs kubectl against the stack with `stdin`; returns (success, stdout, stderr).
 pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     use std::io::Write;
