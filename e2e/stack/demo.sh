@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: shows the local stack at work (a StatefulSet scheduled onto the local node,
-# Kafka taking and returning a record), then installs the StreamApp CRD, runs the
-# operator and applies examples/fraud-detection.yaml: topics, workers and a Ready status.
+# Kafka taking and returning a record), then installs the Helm chart (the operator runs as
+# a pod) and applies examples/fraud-detection.yaml: topics, workers and a Ready status.
 # The workers are the real oxbow-worker: payments go in, alerts come out, a query answers.
 source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,13 +31,22 @@ got=$(kafka_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-ser
 [[ "$got" == 1 ]] || die "the record produced to $topic did not come back"
 echo "   produced and consumed '$msg' on compacted topic $topic"
 
-echo "== Oxbow operator"
+echo "== Oxbow operator (Helm chart charts/oxbow, running as a pod)"
+# CRDs go first and on every run: helm installs crds/ only on a first install.
 kubectl apply --server-side --force-conflicts -f "$here/../../charts/oxbow/crds/streamapps.oxbow.dev.yaml" >/dev/null
 kubectl wait --for=condition=Established crd/streamapps.oxbow.dev --timeout=60s >/dev/null
-# Always the operator just built, with the worker image it releases with.
+# Earlier demos ran the operator as a host process; one operator per namespace.
 stop oxbow-operator
-start oxbow-operator env KUBECONFIG="$KUBECONFIG" "$CARGO_TARGET_DIR/release/oxbow-operator" run \
-  --namespace "$ns" --metrics-addr 127.0.0.1:18081 --worker-image oxbow-worker:demo
+# It watches the demo namespace only, so it never meets the test suite's operators.
+helm upgrade --install oxbow "$here/../../charts/oxbow" --namespace oxbow-system --create-namespace \
+  --skip-crds --set watchNamespace="$ns" --wait --timeout 180s
+# The image maps to the binary just built; a restart makes the pod run it.
+kubectl rollout restart deployment/oxbow -n oxbow-system >/dev/null
+kubectl rollout status deployment/oxbow -n oxbow-system --timeout=180s
+kubectl get deployment,pods -n oxbow-system -o wide
+op_pod=$(kubectl get pods -n oxbow-system -l app.kubernetes.io/component=operator \
+  --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
+op_log="$STACK_DIR/node/logs/oxbow-system_${op_pod}_operator.log"
 # A previous run's app (maybe an older image) goes first; its topics and volumes are kept.
 kubectl delete streamapp -n "$ns" fraud-detection --ignore-not-found --wait=true --timeout=120s >/dev/null
 for t in payments risk-alerts; do
@@ -46,7 +55,8 @@ for t in payments risk-alerts; do
 done
 sed -e "s|bootstrapServers: .*|bootstrapServers: $KAFKA_BOOTSTRAP|" \
   "$here/../../examples/fraud-detection.yaml" | kubectl apply -n "$ns" -f -
-kubectl wait -n "$ns" --for=condition=Ready streamapp/fraud-detection --timeout=180s
+kubectl wait -n "$ns" --for=condition=Ready streamapp/fraud-detection --timeout=180s \
+  || { tail -n 40 "$op_log"; die "fraud-detection did not become Ready (operator log above: $op_log)"; }
 kubectl get streamapp -n "$ns"
 kubectl get streamapp -n "$ns" fraud-detection \
   -o jsonpath='{range .status.topics[*]}   topic {.name}: {.partitions} partitions, ready={.ready}{"\n"}{end}'
@@ -88,4 +98,4 @@ curl -fsS "http://$ip/v1/stores/per-user/keys/$user" | python3 -m json.tool | se
 
 echo
 echo "Demo OK. The stack keeps running: . $STACK_DIR/env; kubectl get sapp -A; make status; make down"
-echo "Operator log: $LOGS/oxbow-operator.log"
+echo "Operator log: $op_log (helm uninstall oxbow -n oxbow-system removes it)"
