@@ -147,6 +147,7 @@ pub struct KafkaSpec {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct SecretRef {
+    /// The Secret's name.
     #[schemars(length(min = 1))]
     pub name: String,
 }
@@ -176,8 +177,11 @@ pub struct SourceSpec {
     #[schemars(length(min = 1, max = 16), inner(length(max = 249)))]
     #[x_kube(validation = Rule::new("self.all(t, t.matches('^[a-zA-Z0-9._-]+$') && size(t) <= 249)").message("source topic names may use letters, digits, '.', '_' and '-' (at most 249)"))]
     pub topics: Vec<String>,
+    /// How record keys are read: `string` (UTF-8), `json` or `bytes`.
     #[serde(default)]
     pub key_format: RecordFormat,
+    /// How record values are read: `json`, `string` (UTF-8) or `bytes`. A record that
+    /// cannot be read goes to `errors.policy`.
     #[serde(default = "json_format")]
     pub value_format: RecordFormat,
     /// Event time: a CEL expression over `key` and `value` giving epoch milliseconds or an
@@ -282,6 +286,8 @@ pub struct DedupeStep {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AggregateStep {
+    /// The store holding one aggregate per group key (and window); queryable, backed
+    /// by the changelog `<applicationId>-<store>-changelog`.
     #[schemars(length(max = 63))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("store names are lowercase letters, digits and '-' (at most 63): they become part of topic names"))]
     pub store: String,
@@ -316,8 +322,10 @@ pub struct WindowSpec {
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("tumbling must be a duration such as 10m"))]
     pub tumbling: Option<String>,
+    /// Overlapping windows of `size`, one starting every `advance`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopping: Option<HoppingWindow>,
+    /// Per-key windows that grow while records keep arriving within `gap`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionWindow>,
     /// How late a record may arrive and still count. Default 0.
@@ -334,9 +342,11 @@ pub struct WindowSpec {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct HoppingWindow {
+    /// Length of each window.
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("hopping.size must be a duration such as 10m"))]
     pub size: String,
+    /// Time between the starts of consecutive windows (at most `size`).
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("hopping.advance must be a duration such as 1m"))]
     pub advance: String,
@@ -360,10 +370,14 @@ pub struct AggregateField {
     /// CEL returning a number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sum: Option<String>,
+    /// CEL returning a number; the smallest seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min: Option<String>,
+    /// CEL returning a number; the largest seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<String>,
+    /// CEL returning a number; the mean (a sum and a count are kept, so merging windows
+    /// and restores give the same mean as one pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avg: Option<String>,
     /// CEL returning any value; the latest wins.
@@ -377,6 +391,7 @@ pub struct CountAggregation {}
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchStep {
+    /// The store holding the open batches, so a batch survives a restart half full.
     #[schemars(length(max = 63))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("store names are lowercase letters, digits and '-' (at most 63): they become part of topic names"))]
     pub store: String,
@@ -394,6 +409,8 @@ pub struct BatchStep {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct SinkSpec {
+    /// The output topic. It must exist; under exactly-once it is written in the same
+    /// transaction as the state and the input offsets.
     #[schemars(length(max = 249))]
     #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("sink.topic may use letters, digits, '.', '_' and '-' (at most 249)"))]
     pub topic: String,
@@ -520,18 +537,24 @@ pub struct DeletionPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodTemplateOverrides {
+    /// Extra pod labels; the operator's own labels win on a clash.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Extra pod annotations; the operator's config hash annotation wins on a clash.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Schedule the workers only onto nodes with these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the worker pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// PriorityClass of the worker pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Seconds a stopping worker gets to commit and hand its tasks over. Default 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub termination_grace_period_seconds: Option<i64>,
@@ -549,7 +572,7 @@ pub struct StreamAppStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Reconciling, Stalled (kstatus) and the detail conditions TopicsReady,
-    /// WorkloadReady, Restored.
+    /// TasksAssigned, WorkloadReady, Restored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -572,6 +595,7 @@ pub struct StreamAppStatus {
     /// Summed consumer lag over all active tasks, from the workers' reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<i64>,
+    /// The restore in progress over all workers, present while any task restores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoration: Option<RestorationStatus>,
     /// One entry per worker pod, written by that pod.
@@ -597,20 +621,27 @@ pub enum Phase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestorationStatus {
+    /// Changelog records restored so far, summed over the restoring workers.
     pub restored_records: i64,
+    /// Changelog records the running restores must read in all.
     pub total_records: i64,
     /// e.g. "87%", for the printer column.
     pub percent: String,
+    /// Combined restore rate of the workers, in changelog records per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub records_per_second: Option<i64>,
+    /// Estimated seconds until the restores finish: the records still to restore over
+    /// the combined rate; absent until a rate is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<i64>,
+    /// Tasks being restored or waiting to be, over all workers.
     pub tasks_restoring: i32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
+    /// The worker pod this entry belongs to (it writes the entry itself).
     pub pod: String,
     /// Starting, Restoring, Running, Stopping or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -618,8 +649,10 @@ pub struct InstanceStatus {
     /// host:port for queries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Tasks (source partitions) this pod processes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active_tasks: Vec<i32>,
+    /// Tasks whose state this pod keeps warm from the changelogs, ready to take over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub standby_tasks: Vec<i32>,
     /// Changelog records still to restore before the active tasks can run.
@@ -629,6 +662,7 @@ pub struct InstanceStatus {
     /// the percentage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<i64>,
+    /// Changelog records the current restore reads in all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_total: Option<i64>,
     /// Records per second of the current restore.
@@ -642,10 +676,15 @@ pub struct InstanceStatus {
     /// warm-up bound.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub state_lag: BTreeMap<String, i64>,
+    /// The task assignment generation this pod has applied; the operator waits for
+    /// every pod to acknowledge one before it hands a task to a new owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment_generation: Option<i64>,
+    /// The pod's last processing error (a failed task names its error here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// When the pod last wrote this entry (RFC 3339); a silent pod loses its tasks
+    /// after the operator's failover timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
 }
@@ -653,11 +692,14 @@ pub struct InstanceStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopicStatus {
+    /// The Kafka topic.
     pub name: String,
-    /// changelog, deadLetter or source.
+    /// changelog or deadLetter.
     pub role: String,
+    /// The state store a changelog belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
+    /// Partitions the topic has.
     #[serde(default)]
     pub partitions: i32,
     /// Exists with the wanted partitions and config.
@@ -665,6 +707,7 @@ pub struct TopicStatus {
     /// Settings that differ from the spec, as `key: actual (want wanted)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drift: Vec<String>,
+    /// What the operator last did to the topic: created, grown, corrected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -22,3 +22,47 @@ fn committed_reference_matches_the_schema() {
         oxbow_crds::reference::REFERENCE_PATH
     );
 }
+
+/// The reference only helps if it says what each field means: every Oxbow field of the
+/// spec and the status carries a description (the Kubernetes types the reference names
+/// rather than expands bring their own).
+#[test]
+fn every_spec_and_status_field_has_a_description() {
+    fn walk(path: &str, node: &serde_json::Value, missing: &mut Vec<String>) {
+        if oxbow_crds::reference::STREAMAPP_EXTERNAL
+            .iter()
+            .any(|e| e.path == path)
+        {
+            return;
+        }
+        if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
+            for (name, child) in props {
+                let p = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{path}.{name}")
+                };
+                let described = child
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .is_some_and(|d| !d.trim().is_empty());
+                if !described && (p.starts_with("spec") || p.starts_with("status")) {
+                    missing.push(p.clone());
+                }
+                walk(&p, child, missing);
+            }
+        }
+        if let Some(items) = node.get("items") {
+            walk(&format!("{path}[]"), items, missing);
+        }
+        if let Some(values) = node.get("additionalProperties").filter(|v| v.is_object()) {
+            walk(&format!("{path}.*"), values, missing);
+        }
+    }
+    let mut missing = Vec::new();
+    walk("", &oxbow_crds::reference::streamapp_schema(), &mut missing);
+    assert!(
+        missing.is_empty(),
+        "fields without a description (add a doc comment in crds/src/streamapp.rs): {missing:?}"
+    );
+}
