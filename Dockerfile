@@ -43,7 +43,7 @@ RUN --mount=type=cache,id=oxbow-cargo-registry,target=/usr/local/cargo/registry 
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 ARG VERSION=0.1.0
-LABEL org.opencontainers.image.source="https://github.com/oxbow-dev/oxbow" \
+LABEL org.opencontainers.image.source="https://github.com/oxbow/oxbow" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 COPY --from=builder /out/root/ /
