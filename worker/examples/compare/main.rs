@@ -785,6 +785,18 @@ fn main() {
         pipe::run(&args[2..]);
         return;
     }
+    if args.get(1).map(String::as_str) == Some("cleanup") {
+        // After an interrupted run: `compare cleanup bench-<unix time>-`.
+        let prefix = args.get(2).expect("cleanup bench-<unix time>-");
+        assert!(
+            prefix.starts_with("bench-"),
+            "only bench- topics are deleted"
+        );
+        let bootstrap = std::env::var("KAFKA_BOOTSTRAP").expect("KAFKA_BOOTSTRAP");
+        let n = Kafka::new(&bootstrap).delete_topics_with_prefix(prefix);
+        eprintln!("deleted {n} topics {prefix}*");
+        return;
+    }
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP")
         .expect("KAFKA_BOOTSTRAP (run `make up`, source ~/.cache/oxbow/stack/env)");
     let records = env_u64("BENCH_RECORDS", 1_000_000);
@@ -939,7 +951,7 @@ fn main() {
     let summary = format!(
         "Run {prefix} on {}, {}; load average {load_before} before, {load_after} after; {:.0} min.\n\n\
          Versions: Oxbow {} ({}), librdkafka {}, Kafka Streams {ks_version} on {}, Kafka broker {ks_version} (local, one broker).\n\n\
-         Parameters: {} records over {} keys, {} partitions, {} runs (medians), seed {}; W2 {} records; W3 {} keys, tail {}; \
+         Parameters: workloads {}, engines {}; {} records over {} keys, {} partitions, {} runs (medians), seed {}; W2 {} records; W3 {} keys, tail {}; \
          latency {} records/s for {} s; commit interval {} ms; worker --memory-mib {}; Kafka Streams {} stream threads, \
          statestore.cache.max.bytes {}, JVM {}, {}.\n",
         machine(),
@@ -958,6 +970,13 @@ fn main() {
         ),
         rdkafka::util::get_rdkafka_version().1,
         command_output(&b.setup.java, &["-version"]),
+        b.cfg.workloads.join(","),
+        b.cfg
+            .engines
+            .iter()
+            .map(|e| e.name())
+            .collect::<Vec<_>>()
+            .join(","),
         b.cfg.records,
         b.cfg.keys,
         b.cfg.partitions,
