@@ -101,9 +101,10 @@ pub fn selector_string(app: &StreamApp) -> String {
 
 /// The worker's configuration file: the StreamApp itself, as a user would write it
 /// (the worker reads the same manifest standalone), without server-managed fields.
-/// `replicas`, `deletionPolicy` and `driftPolicy` are left out: the config's hash rolls the
-/// pods, and scaling or an operator-only setting must not restart running workers (they
-/// learn their peers from the assignment, not the config).
+/// `replicas`, `standbyReplicas`, `deletionPolicy` and `driftPolicy` are left out: the
+/// config's hash rolls the pods, and scaling or an operator-only setting must not restart
+/// running workers (they learn their peers and their standby tasks from the assignment,
+/// not the config).
 pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
     let mut spec = serde_json::to_value(&app.spec).map_err(|source| BuildError::Convert {
         kind: "StreamApp",
@@ -111,7 +112,12 @@ pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
     })?;
     if let Some(o) = spec.as_object_mut() {
         // Fields only the operator acts on: changing them must not restart the workers.
-        for k in ["replicas", "deletionPolicy", "driftPolicy"] {
+        for k in [
+            "replicas",
+            "standbyReplicas",
+            "deletionPolicy",
+            "driftPolicy",
+        ] {
             o.remove(k);
         }
     }
@@ -584,6 +590,19 @@ spec:
                 .iter()
                 .any(|e| e["name"] == "EXTRA")
         );
+    }
+
+    #[test]
+    fn changing_the_standby_count_does_not_roll_the_pods() {
+        // Placement alone acts on standbyReplicas (the workers get their standby tasks
+        // from the assignment): restarting every worker to add a standby would cause the
+        // very failover the standby is meant to soften.
+        let a = app("");
+        let mut more = a.clone();
+        more.spec.standby_replicas = 2;
+        assert_eq!(hash(&a), hash(&more));
+        let config = render_config(&more).expect("renders");
+        assert!(!config.contains("standbyReplicas"), "{config}");
     }
 
     #[test]
