@@ -130,6 +130,78 @@ pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
     Ok(serde_yaml::to_string(&doc)?)
 }
 
+/// Share of the container's memory limit given to RocksDB (block cache and write
+/// buffers). The rest is for what RocksDB does not account: Kafka clients' fetch and
+/// produce queues, a restore's bulk-load chunk, query buffers and the process itself.
+const ROCKSDB_SHARE_OF_LIMIT: f64 = 0.5;
+/// Below this RocksDB thrashes its cache; a limit this small cannot run the worker anyway.
+const ROCKSDB_MIN_MIB: u64 = 32;
+/// A limit far beyond any node still yields a budget the worker can hold in bytes.
+const ROCKSDB_MAX_MIB: u64 = 1 << 30;
+
+/// The worker's `--memory-mib` for a container with these resources: a share of the
+/// memory limit, or `None` (the worker's own default) without a limit. A limit that does
+/// not parse also gives `None`: the API server rejects it in the StatefulSet anyway.
+pub fn rocksdb_memory_mib(
+    resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+) -> Option<u64> {
+    let limit = resources?.limits.as_ref()?.get("memory")?;
+    let bytes = parse_quantity(&limit.0)?;
+    let mib = (bytes * ROCKSDB_SHARE_OF_LIMIT / f64::from(1u32 << 20)).floor();
+    // `as` saturates a float; the clamp keeps the floor and the ceiling.
+    Some((mib as u64).clamp(ROCKSDB_MIN_MIB, ROCKSDB_MAX_MIB))
+}
+
+/// A Kubernetes quantity (`512Mi`, `1.5Gi`, `2G`, `1536M`, `1e9`, `128974848`) as a
+/// number of base units, or `None` if it is not one. Floating point is exact to the byte
+/// below 8 PiB, which is plenty for a memory limit.
+pub fn parse_quantity(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    // The grammar's sign is optional and leading; digits must surround at most one dot.
+    let unsigned = number.strip_prefix(['+', '-']).unwrap_or(number);
+    if unsigned.is_empty()
+        || unsigned == "."
+        || unsigned.contains(['+', '-'])
+        || unsigned.matches('.').count() > 1
+    {
+        return None;
+    }
+    let value: f64 = number.parse().ok()?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "Ki" => 2f64.powi(10),
+        "Mi" => 2f64.powi(20),
+        "Gi" => 2f64.powi(30),
+        "Ti" => 2f64.powi(40),
+        "Pi" => 2f64.powi(50),
+        "Ei" => 2f64.powi(60),
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        // A decimal exponent: `1e9`, `5E-3`.
+        s => {
+            let exp = s.strip_prefix(['e', 'E'])?;
+            let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            10f64.powi(exp.parse().ok()?)
+        }
+    };
+    let v = value * multiplier;
+    v.is_finite().then_some(v)
+}
+
 fn config_hash(data: &str) -> String {
     let digest = Sha256::digest(data.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
@@ -296,6 +368,12 @@ pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Childr
     }
     if let Some(r) = &spec.resources {
         container["resources"] = serde_json::to_value(r).unwrap_or(Value::Null);
+    }
+    if let Some(mib) = rocksdb_memory_mib(spec.resources.as_ref())
+        && let Some(a) = container["args"].as_array_mut()
+    {
+        a.push(json!("--memory-mib"));
+        a.push(json!(mib.to_string()));
     }
     let mut pod_spec = json!({
         "serviceAccountName": sa_name,
@@ -603,6 +681,82 @@ spec:
         assert_eq!(hash(&a), hash(&more));
         let config = render_config(&more).expect("renders");
         assert!(!config.contains("standbyReplicas"), "{config}");
+    }
+
+    fn args(a: &StreamApp) -> Vec<String> {
+        let c = build(a, &cx(), a.spec.replicas).expect("builds");
+        let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
+        t["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect()
+    }
+
+    fn memory_flag(a: &StreamApp) -> Option<String> {
+        let args = args(a);
+        let i = args.iter().position(|a| a == "--memory-mib")?;
+        args.get(i + 1).cloned()
+    }
+
+    #[test]
+    fn a_memory_limit_gives_rocksdb_half_of_it() {
+        let a = app("  resources: {limits: {memory: 1Gi}, requests: {memory: 512Mi}}\n");
+        assert_eq!(memory_flag(&a).as_deref(), Some("512"));
+        let a = app("  resources: {limits: {memory: 2G}}\n");
+        assert_eq!(memory_flag(&a).as_deref(), Some("953"), "2 GB is 1907 MiB");
+    }
+
+    #[test]
+    fn without_a_memory_limit_the_worker_keeps_its_default_budget() {
+        assert_eq!(memory_flag(&app("")), None);
+        // A request is no ceiling: the pod may use more, so it says nothing about OOM.
+        let a = app("  resources: {requests: {memory: 4Gi}, limits: {cpu: \"2\"}}\n");
+        assert_eq!(memory_flag(&a), None);
+    }
+
+    #[test]
+    fn a_tiny_memory_limit_still_leaves_rocksdb_a_working_cache() {
+        let a = app("  resources: {limits: {memory: 40Mi}}\n");
+        assert_eq!(memory_flag(&a).as_deref(), Some("32"));
+    }
+
+    #[test]
+    fn quantities_parse_in_binary_decimal_and_exponent_notation() {
+        let mib = 1024.0 * 1024.0;
+        for (q, bytes) in [
+            ("512Mi", 512.0 * mib),
+            ("1Gi", 1024.0 * mib),
+            ("1.5Gi", 1536.0 * mib),
+            ("64Ki", 65536.0),
+            ("2G", 2e9),
+            ("1536M", 1.536e9),
+            ("500k", 5e5),
+            ("128974848", 128_974_848.0),
+            ("129e6", 1.29e8),
+            ("1E3", 1e3),
+            ("+1Gi", 1024.0 * mib),
+            ("500m", 0.5),
+            (" 1Gi ", 1024.0 * mib),
+        ] {
+            assert_eq!(parse_quantity(q), Some(bytes), "{q}");
+        }
+    }
+
+    #[test]
+    fn malformed_quantities_are_refused_rather_than_guessed() {
+        for q in [
+            "", "Gi", "1GB", "1gi", "1.2.3Mi", "--1", "1-2", ".", "1e", "1e+", "1ex", "1 Gi",
+        ] {
+            assert_eq!(parse_quantity(q), None, "{q:?}");
+        }
+    }
+
+    #[test]
+    fn an_absurd_memory_limit_is_capped_rather_than_overflowing_the_worker() {
+        let a = app("  resources: {limits: {memory: 9999999E}}\n");
+        assert_eq!(memory_flag(&a), Some((1u64 << 30).to_string()));
     }
 
     #[test]

@@ -55,7 +55,8 @@ struct RunArgs {
     /// A directory of librdkafka properties, one file each (a mounted Secret).
     #[arg(long)]
     kafka_secret_dir: Option<PathBuf>,
-    /// Memory for RocksDB block cache and memtables, all tasks together (MiB).
+    /// Memory for RocksDB block cache and memtables, all tasks together (MiB). The
+    /// operator sets it to half the container's memory limit, when there is one.
     #[arg(long, default_value_t = 256)]
     memory_mib: usize,
     /// Run the tasks the operator assigns in this ConfigMap (set by the operator in the
@@ -122,7 +123,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         state_dir: a.state_dir,
         instance,
         instances: a.instances,
-        memory_budget: a.memory_mib << 20,
+        memory_budget: a.memory_mib.saturating_mul(1 << 20),
         instance_from_pod_name: a.instance.is_none() && from_pod.is_some(),
         peers: a.peers,
         coordination,
