@@ -29,7 +29,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::App;
 use crate::expr::Env;
-use crate::metrics::{METRICS, task as task_label};
+use crate::metrics::{METRICS, RestoreGauges, task as task_label};
 use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
 use crate::status::{Desired, RestoreProgress, Role, Shared, TaskState, TaskStatus};
 use crate::store::{SharedMemory, StoreError, TaskDb};
@@ -783,6 +783,7 @@ impl Engine {
             task: id,
             message: "released a task that was not active".into(),
         })?;
+        crate::metrics::forget_task(id, task.db.stores());
         Ok(task.db)
     }
 
@@ -864,6 +865,7 @@ impl Engine {
             task: id,
             message: "closed a standby that was not open".into(),
         })?;
+        crate::metrics::forget_task(id, sb.db.stores());
         Ok(sb.db)
     }
 
@@ -1372,10 +1374,7 @@ impl Engine {
             for s in task.db.stores() {
                 METRICS
                     .store_bytes
-                    .get_or_create(&crate::metrics::StoreLabel {
-                        task: id.to_string(),
-                        store: s.0.clone(),
-                    })
+                    .get_or_create(&crate::metrics::store(*id, s))
                     .set(task.db.size_bytes(s) as i64);
             }
             self.shared.task(id.0, |t| t.lag = Some(lag));
@@ -1562,6 +1561,8 @@ fn restore_task(
         ..Default::default()
     };
     let id = task.id;
+    // Every early return below drops this and so clears the task's restore gauges.
+    let gauges = RestoreGauges::start(id);
     let mut plans = Vec::new();
     for StorePlan {
         store,
@@ -1629,6 +1630,7 @@ fn restore_task(
             &mut total,
             started,
             shared,
+            &gauges,
         )?;
     }
     total.remaining = 0;
@@ -1636,16 +1638,7 @@ fn restore_task(
     if total.seconds > 0.0 {
         total.records_per_second = (total.restored + total.skipped) as f64 / total.seconds;
     }
-    let label = task_label(id);
-    METRICS
-        .restore_restored
-        .get_or_create(&label)
-        .set(total.restored as i64);
-    METRICS.restore_remaining.get_or_create(&label).set(0);
-    METRICS
-        .restore_rate
-        .get_or_create(&label)
-        .set(total.records_per_second as i64);
+    gauges.finish(total.restored, total.records_per_second);
     shared.task(id.0, |t| t.restore = Some(total.clone()));
     Ok(total)
 }
@@ -1664,6 +1657,7 @@ fn restore_store(
     progress: &mut RestoreProgress,
     started: Instant,
     shared: &Shared,
+    gauges: &RestoreGauges,
 ) -> Result<(), EngineError> {
     let id = task.id;
     if from >= to {
@@ -1758,19 +1752,11 @@ fn restore_store(
                     progress.seconds = secs;
                     progress.records_per_second =
                         (progress.restored + progress.skipped - base_done) as f64 / secs.max(1e-3);
-                    let label = task_label(id);
-                    METRICS
-                        .restore_restored
-                        .get_or_create(&label)
-                        .set(progress.restored as i64);
-                    METRICS
-                        .restore_remaining
-                        .get_or_create(&label)
-                        .set(progress.remaining as i64);
-                    METRICS
-                        .restore_rate
-                        .get_or_create(&label)
-                        .set(progress.records_per_second as i64);
+                    gauges.set(
+                        progress.restored,
+                        progress.remaining,
+                        progress.records_per_second,
+                    );
                     shared.task(id.0, |t| t.restore = Some(progress.clone()));
                 }
             }

@@ -1,8 +1,16 @@
 //! The worker's Prometheus metrics. One process-wide set: the engine thread updates
 //! them, `/metrics` encodes them. Labels are the task (and store); record counts are
 //! counters, restore progress and store sizes gauges.
+//!
+//! A gauge keeps the last value set, so a task's gauges are removed when the task
+//! leaves the pod ([`forget_task`], [`RestoreGauges`]): otherwise the pod would go on
+//! reporting the lag and restore of a task another pod now runs, and sums over pods
+//! would count it twice. Counters stay: they only grow, and `rate()` over them is right
+//! whichever pod runs the task.
 
 use std::sync::LazyLock;
+
+use oxbow_crds::{StoreName, TaskId};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -110,9 +118,82 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     Metrics { registry, ..m }
 });
 
-pub fn task(t: oxbow_crds::TaskId) -> TaskLabel {
+pub fn task(t: TaskId) -> TaskLabel {
     TaskLabel {
         task: t.to_string(),
+    }
+}
+
+pub fn store(t: TaskId, s: &StoreName) -> StoreLabel {
+    StoreLabel {
+        task: t.to_string(),
+        store: s.0.clone(),
+    }
+}
+
+/// Removes the gauges of a task this pod no longer runs (released, dropped as a standby,
+/// or promoted: the active's gauges are set afresh).
+pub fn forget_task(t: TaskId, stores: &[StoreName]) {
+    let label = task(t);
+    METRICS.lag.remove(&label);
+    forget_restore(&label);
+    for s in stores {
+        METRICS.store_bytes.remove(&store(t, s));
+    }
+}
+
+fn forget_restore(label: &TaskLabel) {
+    METRICS.restore_restored.remove(label);
+    METRICS.restore_remaining.remove(label);
+    METRICS.restore_rate.remove(label);
+}
+
+/// The restore gauges of one task for the length of a restore. Dropped before
+/// [`RestoreGauges::finish`] (a failure, SIGTERM, the task assigned elsewhere
+/// meanwhile), it removes them: an alert on records left to restore must not fire for
+/// a restore nobody runs any more.
+pub struct RestoreGauges {
+    label: TaskLabel,
+    finished: bool,
+}
+
+impl RestoreGauges {
+    pub fn start(t: TaskId) -> Self {
+        Self {
+            label: task(t),
+            finished: false,
+        }
+    }
+
+    pub fn set(&self, restored: u64, remaining: u64, records_per_second: f64) {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        METRICS
+            .restore_restored
+            .get_or_create(&self.label)
+            .set(clamp(restored));
+        METRICS
+            .restore_remaining
+            .get_or_create(&self.label)
+            .set(clamp(remaining));
+        METRICS
+            .restore_rate
+            .get_or_create(&self.label)
+            .set(records_per_second as i64);
+    }
+
+    /// The restore completed: its figures stay, with nothing remaining, while the task
+    /// runs here.
+    pub fn finish(mut self, restored: u64, records_per_second: f64) {
+        self.set(restored, 0, records_per_second);
+        self.finished = true;
+    }
+}
+
+impl Drop for RestoreGauges {
+    fn drop(&mut self) {
+        if !self.finished {
+            forget_restore(&self.label);
+        }
     }
 }
 
@@ -125,4 +206,93 @@ pub fn encode() -> String {
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut s, &METRICS.registry);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The registry is process-wide and tests run in parallel: each test uses task ids
+    // of its own.
+
+    /// The encoded series that carry this task's label.
+    fn series_of(t: u32) -> Vec<String> {
+        let needle = format!("task=\"{t}\"");
+        encode()
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&needle))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn gauges_of(t: u32) -> Vec<String> {
+        series_of(t)
+            .into_iter()
+            .filter(|l| {
+                ["lag_records", "store_bytes", "restore_"]
+                    .iter()
+                    .any(|g| l.starts_with(&format!("oxbow_worker_{g}")))
+            })
+            .collect()
+    }
+
+    fn run_task(t: u32, stores: &[StoreName]) {
+        let id = TaskId(t);
+        METRICS.lag.get_or_create(&task(id)).set(42);
+        METRICS.records_in.get_or_create(&task(id)).inc();
+        for s in stores {
+            METRICS.store_bytes.get_or_create(&store(id, s)).set(1000);
+        }
+        RestoreGauges::start(id).finish(10, 5.0);
+    }
+
+    #[test]
+    fn a_closed_tasks_gauges_disappear_from_the_scrape_and_its_counters_stay() {
+        let stores = [StoreName("seen".into()), StoreName("per-user".into())];
+        run_task(9001, &stores);
+        run_task(9002, &stores);
+        assert_eq!(gauges_of(9001).len(), 6, "{:?}", gauges_of(9001));
+
+        forget_task(TaskId(9001), &stores);
+
+        assert_eq!(gauges_of(9001), Vec::<String>::new());
+        assert!(
+            series_of(9001)
+                .iter()
+                .any(|l| l.starts_with("oxbow_worker_records_in_total")),
+            "{:?}",
+            series_of(9001)
+        );
+        assert_eq!(gauges_of(9002).len(), 6, "another task's gauges stay");
+    }
+
+    #[test]
+    fn a_restore_that_stops_early_leaves_no_restore_series() {
+        let gauges = RestoreGauges::start(TaskId(9003));
+        gauges.set(100, 900, 50.0);
+        assert!(
+            series_of(9003)
+                .iter()
+                .any(|l| l == "oxbow_worker_restore_remaining_records{task=\"9003\"} 900"),
+            "{:?}",
+            series_of(9003)
+        );
+        // What an early return (an error, a stop, the task moving away) does.
+        drop(gauges);
+        assert_eq!(series_of(9003), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_finished_restore_reports_nothing_remaining() {
+        let gauges = RestoreGauges::start(TaskId(9004));
+        gauges.set(100, 900, 50.0);
+        gauges.finish(1000, 80.0);
+        let series = series_of(9004);
+        assert!(
+            series.contains(&"oxbow_worker_restore_remaining_records{task=\"9004\"} 0".into())
+                && series
+                    .contains(&"oxbow_worker_restore_restored_records{task=\"9004\"} 1000".into()),
+            "{series:?}"
+        );
+    }
 }
