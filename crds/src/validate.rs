@@ -5,10 +5,22 @@
 //! problem is reported (not only the first) with the field path it concerns.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use crate::duration::parse_duration;
+use crate::duration::{format_duration, parse_duration};
 use crate::names::StoreName;
-use crate::streamapp::{Step, StreamAppSpec};
+use crate::streamapp::{ProcessingGuarantee, Step, StreamAppSpec};
+
+/// The librdkafka property a user may set in `spec.kafka.properties`.
+pub const TRANSACTION_TIMEOUT_PROPERTY: &str = "transaction.timeout.ms";
+/// The brokers' default `transaction.max.timeout.ms`. A producer asking for more fails
+/// `init_transactions`, so no task could start.
+pub const BROKER_MAX_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// The transaction timeout of a short commit interval (librdkafka's own default).
+const MIN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// What one commit round may add to a transaction's life: the flush, the offsets and the
+/// commit each wait for Kafka up to 30 s.
+const COMMIT_ROUND_ALLOWANCE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValidationError {
@@ -53,6 +65,69 @@ impl ValidationError {
             Self::NotCoPartitioned { .. } => "SourceTopicsNotCoPartitioned",
         }
     }
+}
+
+/// The transaction timeout of each task's producer under exactly-once.
+///
+/// A transaction opens at a task's first output after a commit and commits at the next
+/// commit round, one `commit_interval` after the previous round ended; the round itself
+/// may take up to [`COMMIT_ROUND_ALLOWANCE`] per Kafka call. So a transaction lives about
+/// one interval plus a round, and a loop that falls one interval behind doubles that.
+/// Without `explicit` (the user's `transaction.timeout.ms`) the timeout is
+/// max(60 s, 2 × interval + 30 s), capped at the brokers' default maximum. An explicit
+/// value is honoured, but it must be at least twice the interval and within the brokers'
+/// default maximum: anything else aborts transactions or never starts.
+pub fn transaction_timeout(
+    commit_interval: Duration,
+    explicit: Option<&str>,
+) -> Result<Duration, ValidationError> {
+    let twice = commit_interval.saturating_mul(2);
+    let interval = format_duration(commit_interval);
+    let max_ms = BROKER_MAX_TRANSACTION_TIMEOUT.as_millis();
+    let Some(explicit) = explicit else {
+        if twice > BROKER_MAX_TRANSACTION_TIMEOUT {
+            return Err(ValidationError::InvalidDuration {
+                path: "spec.commitInterval".into(),
+                message: format!(
+                    "{interval:?} is too long for exactly_once: a transaction stays open about one commit interval, so it needs a transaction timeout of at least twice that ({} ms), above the brokers' default transaction.max.timeout.ms ({max_ms} ms); use a commitInterval of at most {}",
+                    twice.as_millis(),
+                    format_duration(BROKER_MAX_TRANSACTION_TIMEOUT / 2),
+                ),
+            });
+        }
+        return Ok(twice
+            .saturating_add(COMMIT_ROUND_ALLOWANCE)
+            .clamp(MIN_TRANSACTION_TIMEOUT, BROKER_MAX_TRANSACTION_TIMEOUT));
+    };
+    let path = format!("spec.kafka.properties[{TRANSACTION_TIMEOUT_PROPERTY:?}]");
+    let timeout = explicit
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| ValidationError::InvalidDuration {
+            path: path.clone(),
+            message: format!("failed to read {explicit:?} as a whole number of milliseconds"),
+        })?;
+    if timeout > BROKER_MAX_TRANSACTION_TIMEOUT {
+        return Err(ValidationError::InvalidDuration {
+            path,
+            message: format!(
+                "{} ms is above the brokers' default transaction.max.timeout.ms ({max_ms} ms): no task's producer could start under exactly_once; at most {max_ms} ms, and at least twice commitInterval {interval:?}",
+                timeout.as_millis()
+            ),
+        });
+    }
+    if timeout < twice {
+        return Err(ValidationError::InvalidDuration {
+            path: "spec.commitInterval".into(),
+            message: format!(
+                "{interval:?} needs a transaction timeout of at least twice that ({} ms) under exactly_once, but {path} is {} ms: transactions would be aborted before they commit; shorten commitInterval or raise {TRANSACTION_TIMEOUT_PROPERTY}",
+                twice.as_millis(),
+                timeout.as_millis()
+            ),
+        });
+    }
+    Ok(timeout)
 }
 
 fn describe_counts(counts: &BTreeMap<String, i32>) -> String {
@@ -237,6 +312,19 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             }),
         }
     }
+    if spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+        && let Ok(interval) = parse_duration(&spec.commit_interval)
+        && !interval.is_zero()
+        && let Err(e) = transaction_timeout(
+            interval,
+            spec.kafka
+                .properties
+                .get(TRANSACTION_TIMEOUT_PROPERTY)
+                .map(String::as_str),
+        )
+    {
+        errors.push(e);
+    }
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (i, s) in spec.steps.iter().enumerate() {
         if let Some(store) = step_store(s) {
@@ -391,6 +479,105 @@ spec:
             matches!(&errs[..], [ValidationError::InvalidDuration { path, .. }] if path == "spec.commitInterval"),
             "{errs:?}"
         );
+    }
+
+    fn with(commit_interval: &str, kafka_properties: &str) -> StreamApp {
+        app(&BASE
+            .replace(
+                "source:",
+                &format!("commitInterval: {commit_interval}\n  source:"),
+            )
+            .replace(
+                r#"bootstrapServers: "127.0.0.1:9092"}"#,
+                &format!(
+                    r#"bootstrapServers: "127.0.0.1:9092", properties: {{{kafka_properties}}}}}"#
+                ),
+            ))
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_transaction_timeout_grows_with_a_long_commit_interval() {
+        assert_eq!(
+            transaction_timeout(Duration::from_millis(100), None),
+            Ok(60 * SECOND),
+            "a short interval keeps librdkafka's 60 s"
+        );
+        assert_eq!(
+            transaction_timeout(90 * SECOND, None),
+            Ok(210 * SECOND),
+            "two intervals and a commit round"
+        );
+        assert_eq!(
+            transaction_timeout(440 * SECOND, None),
+            Ok(BROKER_MAX_TRANSACTION_TIMEOUT),
+            "never above what the brokers accept by default"
+        );
+        assert_eq!(validate_spec(&with("90s", "").spec), vec![]);
+    }
+
+    #[test]
+    fn an_explicit_transaction_timeout_is_honoured_when_it_has_room_for_the_commit_interval() {
+        assert_eq!(
+            transaction_timeout(90 * SECOND, Some("300000")),
+            Ok(300 * SECOND)
+        );
+        assert_eq!(
+            transaction_timeout(Duration::from_millis(100), Some("10000")),
+            Ok(10 * SECOND),
+            "Kafka Streams' own exactly-once default"
+        );
+        assert_eq!(
+            validate_spec(&with("90s", r#""transaction.timeout.ms": "300000""#).spec),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn a_commit_interval_the_transaction_timeout_cannot_hold_is_rejected_naming_both() {
+        let errs = validate_spec(&with("90s", r#""transaction.timeout.ms": "60000""#).spec);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].reason(), "InvalidDuration");
+        assert_eq!(
+            errs[0].to_string(),
+            r#"spec.commitInterval: "1m30s" needs a transaction timeout of at least twice that (180000 ms) under exactly_once, but spec.kafka.properties["transaction.timeout.ms"] is 60000 ms: transactions would be aborted before they commit; shorten commitInterval or raise transaction.timeout.ms"#
+        );
+    }
+
+    #[test]
+    fn a_commit_interval_beyond_what_brokers_allow_by_default_is_rejected() {
+        let errs = validate_spec(&with("10m", "").spec);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(
+            errs[0].to_string(),
+            r#"spec.commitInterval: "10m" is too long for exactly_once: a transaction stays open about one commit interval, so it needs a transaction timeout of at least twice that (1200000 ms), above the brokers' default transaction.max.timeout.ms (900000 ms); use a commitInterval of at most 7m30s"#
+        );
+        let errs = validate_spec(&with("10s", r#""transaction.timeout.ms": "1800000""#).spec);
+        assert!(
+            matches!(&errs[..], [ValidationError::InvalidDuration { path, message }]
+                if path == r#"spec.kafka.properties["transaction.timeout.ms"]"#
+                    && message.starts_with("1800000 ms is above the brokers' default transaction.max.timeout.ms (900000 ms)")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn a_transaction_timeout_that_is_not_a_number_is_rejected() {
+        let errs = validate_spec(&with("1s", r#""transaction.timeout.ms": "1m""#).spec);
+        assert_eq!(
+            errs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![
+                r#"spec.kafka.properties["transaction.timeout.ms"]: failed to read "1m" as a whole number of milliseconds"#
+            ]
+        );
+    }
+
+    #[test]
+    fn at_least_once_has_no_transaction_to_time_out() {
+        let mut a = with("10m", r#""transaction.timeout.ms": "60000""#);
+        a.spec.processing_guarantee = ProcessingGuarantee::AtLeastOnce;
+        assert_eq!(validate_spec(&a.spec), vec![]);
     }
 
     #[test]

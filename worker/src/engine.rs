@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use oxbow_crds::names::changelog_topic;
+use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
@@ -199,6 +200,15 @@ fn producer(
     tracker: &Arc<Tracker>,
     transactional_id: Option<&str>,
 ) -> Result<KProducer, EngineError> {
+    producer_config(app, transactional_id)?
+        .create_with_context(Ctx(tracker.clone()))
+        .map_err(|source| EngineError::CreateClient {
+            what: "producer",
+            source,
+        })
+}
+
+fn producer_config(app: &App, transactional_id: Option<&str>) -> Result<ClientConfig, EngineError> {
     let mut c = base_config(app);
     c.set("enable.idempotence", "true")
         .set("linger.ms", "5")
@@ -207,14 +217,25 @@ fn producer(
         .set("partitioner", "murmur2_random")
         .set("compression.type", "lz4");
     if let Some(id) = transactional_id {
-        c.set("transactional.id", id)
-            .set("transaction.timeout.ms", "60000");
+        let timeout = transaction_timeout(app)?;
+        c.set("transactional.id", id).set(
+            TRANSACTION_TIMEOUT_PROPERTY,
+            timeout.as_millis().to_string(),
+        );
     }
-    c.create_with_context(Ctx(tracker.clone()))
-        .map_err(|source| EngineError::CreateClient {
-            what: "producer",
-            source,
-        })
+    Ok(c)
+}
+
+/// The transaction timeout of a task's producer: it follows the commit interval, or is
+/// the user's `transaction.timeout.ms` (from the spec or the Kafka Secret, which the
+/// operator's validation does not see) when that leaves room for the interval.
+fn transaction_timeout(app: &App) -> Result<Duration, EngineError> {
+    Ok(oxbow_crds::validate::transaction_timeout(
+        app.commit_interval,
+        app.kafka
+            .get(TRANSACTION_TIMEOUT_PROPERTY)
+            .map(String::as_str),
+    )?)
 }
 
 /// Waits until every record handed to `p` is acknowledged.
@@ -439,7 +460,16 @@ impl Engine {
         let tracker = Arc::new(Tracker::default());
         let producers = match app.guarantee {
             ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(&app, &tracker, None)?),
-            ProcessingGuarantee::ExactlyOnce => Producers::Transactional(BTreeMap::new()),
+            ProcessingGuarantee::ExactlyOnce => {
+                // Producers start with their tasks: a bad timeout fails the start, not
+                // the first assignment.
+                let timeout = transaction_timeout(&app)?;
+                tracing::info!(
+                    transaction_timeout_ms = timeout.as_millis() as u64,
+                    "exactly-once"
+                );
+                Producers::Transactional(BTreeMap::new())
+            }
         };
         let restore_consumer: BaseConsumer =
             consumer_config(&app, true)
@@ -1892,4 +1922,65 @@ fn ensure_topics(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(commit_interval: &str, properties: &[(&str, &str)]) -> App {
+        let text = format!(
+            r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: t}}
+spec:
+  commitInterval: {commit_interval}
+  kafka: {{bootstrapServers: "127.0.0.1:1"}}
+  source: {{topics: [in]}}
+"#
+        );
+        let m =
+            crate::config::parse_manifest(std::path::Path::new("t.yaml"), &text).expect("parses");
+        let kafka = properties
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        App::from_manifest(m, kafka).expect("valid")
+    }
+
+    fn timeout_ms(app: &App) -> Option<String> {
+        producer_config(app, Some("t-0"))
+            .expect("configures")
+            .get(TRANSACTION_TIMEOUT_PROPERTY)
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn a_long_commit_interval_gets_a_transaction_timeout_that_outlives_it() {
+        assert_eq!(timeout_ms(&app("100ms", &[])).as_deref(), Some("60000"));
+        assert_eq!(timeout_ms(&app("90s", &[])).as_deref(), Some("210000"));
+    }
+
+    #[test]
+    fn a_users_transaction_timeout_is_not_overwritten() {
+        let a = app("90s", &[(TRANSACTION_TIMEOUT_PROPERTY, "400000")]);
+        assert_eq!(timeout_ms(&a).as_deref(), Some("400000"));
+    }
+
+    #[test]
+    fn a_transaction_timeout_from_the_kafka_secret_that_cannot_hold_the_interval_fails_the_start() {
+        // The Secret's properties reach only the worker: the operator's validation
+        // never sees them, so the worker is the one to refuse.
+        let a = app("90s", &[(TRANSACTION_TIMEOUT_PROPERTY, "60000")]);
+        let err = producer_config(&a, Some("t-0")).expect_err("no room for the interval");
+        assert!(
+            err.to_string().contains("at least twice that (180000 ms)"),
+            "{err}"
+        );
+        assert!(
+            producer_config(&a, None).is_ok(),
+            "the at-least-once producer has no transaction"
+        );
+    }
 }
