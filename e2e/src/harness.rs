@@ -235,6 +235,26 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     )
 }
 
+/// `kubectl wait --for=condition=Ready streamapp/<name>`: `Err` carries kubectl's output.
+pub fn wait_streamapp_ready(ns: &str, name: &str, timeout: &str) -> Result<(), String> {
+    let (ok, out, err) = kubectl(
+        &[
+            "wait",
+            "-n",
+            ns,
+            "--for=condition=Ready",
+            &format!("streamapp/{name}"),
+            &format!("--timeout={timeout}"),
+        ],
+        None,
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{out}{err}"))
+    }
+}
+
 /// The workspace root (for committed manifests such as the CRD).
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap,
-    kafka_bootstrap_in_cluster, kube_client, kubectl, unique, wait_for, workspace_root,
+    kafka_bootstrap_in_cluster, kube_client, kubectl, unique, wait_for, wait_streamapp_ready,
+    workspace_root,
 };
 use oxbow_e2e::streams::read_committed;
 use rdkafka::ClientConfig;
@@ -82,18 +83,9 @@ async fn run(
     let operator = OperatorProcess::start(&ns.name);
     let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(manifest));
     assert!(ok, "apply: {err}");
-    let (ok, out, err) = kubectl(
-        &[
-            "wait",
-            "-n",
-            &ns.name,
-            "--for=condition=Ready",
-            &format!("streamapp/{name}"),
-            "--timeout=240s",
-        ],
-        None,
-    );
-    assert!(ok, "not Ready: {out}{err}\n{}", operator.logs());
+    if let Err(e) = wait_streamapp_ready(&ns.name, name, "240s") {
+        panic!("not Ready: {e}\n{}", operator.logs());
+    }
     (ns, operator)
 }
 

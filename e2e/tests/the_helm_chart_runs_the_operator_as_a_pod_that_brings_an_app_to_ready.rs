@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
     TestNamespace, apps, helm, install_crd, kafka, kube_client, kubectl, requires_local_stack,
-    stack_var, unique, wait_for, workspace_root,
+    stack_var, unique, wait_for, wait_streamapp_ready, workspace_root,
 };
 use oxbow_e2e::streams::{CountingApp, keys, produce, wait_exactly_once};
 
@@ -124,22 +124,12 @@ async fn the_chart_runs_the_operator_as_a_pod_that_brings_an_app_to_ready() {
     assert!(!manifest.contains("image:"), "the manifest names no image");
     let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&manifest));
     assert!(ok, "apply: {err}");
-    let (ok, out, err) = kubectl(
-        &[
-            "wait",
-            "-n",
-            &ns.name,
-            "--for=condition=Ready",
-            &format!("streamapp/{}", app.name),
-            "--timeout=180s",
-        ],
-        None,
-    );
-    assert!(
-        ok,
-        "the app did not become Ready under the chart's operator: {out}{err}\noperator log:\n{}",
-        operator_logs(&ns.name, &pod_name)
-    );
+    if let Err(e) = wait_streamapp_ready(&ns.name, &app.name, "180s") {
+        panic!(
+            "the app did not become Ready under the chart's operator: {e}\noperator log:\n{}",
+            operator_logs(&ns.name, &pod_name)
+        );
+    }
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns.name);
     let image = sts
         .get(&app.name)
