@@ -440,6 +440,16 @@ impl Proc {
     }
 }
 
+impl Drop for Proc {
+    /// An engine left running by a failed workload is killed.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Copies a state directory (the process that owns it is stopped).
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("mkdir");

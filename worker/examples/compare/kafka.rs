@@ -51,14 +51,14 @@ impl Kafka {
             }
         }
         // Wait until the metadata has the leaders: producers and consumers start at once.
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             if self.end_offsets(name, partitions).is_some() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("topic {name} has no leaders after 30 s");
+        panic!("topic {name} has no leaders after 120 s");
     }
 
     /// Deletes every topic whose name starts with `prefix` (the run's own topics, the

@@ -370,7 +370,13 @@ impl Bench {
         // Build each engine's store and changelog (exactly-once), stop cleanly, keep a copy.
         for &kind in &engines {
             let app = format!("{}w3-{}", self.prefix, kind.name());
-            let s = self.spec(kind, "w3", Guarantee::Eos, app, &both);
+            let mut s = self.spec(kind, "w3", Guarantee::Eos, app, &both);
+            // Kafka Streams does not leave its group on close: without static membership
+            // every restart would first wait out the previous member's session (45 s).
+            if kind == Kind::KStreams {
+                s.extra
+                    .push(format!("prop.group.instance.id={}-instance", s.app));
+            }
             self.k.create_topic(&s.output, self.cfg.partitions);
             eprintln!("W3: {} builds its store of {keys} keys…", kind.name());
             if let Err(e) = self.throughput(&s, &ends) {
@@ -727,6 +733,17 @@ impl Bench {
     }
 }
 
+fn guarded(b: &mut Bench, name: &str, f: impl FnOnce(&mut Bench)) {
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b))) {
+        let msg = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        b.report.check(format!("{name} stopped: {msg}"), false);
+    }
+}
+
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -920,30 +937,41 @@ fn main() {
         wants("w4"),
         wants("latency"),
     );
+    // A workload that fails (a broker restarted by someone else, an engine that does not
+    // start) is reported as a failed check; the others still run and the report is written.
     if do_w1 || do_w4 {
-        let input = format!("{prefix}w1-in");
-        b.k.create_topic(&input, b.cfg.partitions);
-        eprintln!(
-            "W1: generating {} records over {} keys into {input}…",
-            b.cfg.records, b.cfg.keys
-        );
-        let expected = workload::w1(&b.k, &input, b.cfg.records, b.cfg.keys, b.cfg.seed, base_ts);
-        let ends = b.k.end_offsets(&input, b.cfg.partitions).expect("ends");
-        if do_w1 {
-            b.w1(&input, &expected, &ends);
-        }
-        if do_w4 {
-            b.w4(&input, &expected, &ends);
-        }
+        guarded(&mut b, "W1/W4", |b| {
+            let input = format!("{}w1-in", b.prefix);
+            b.k.create_topic(&input, b.cfg.partitions);
+            eprintln!(
+                "W1: generating {} records over {} keys into {input}…",
+                b.cfg.records, b.cfg.keys
+            );
+            let expected = workload::w1(
+                &b.k,
+                &input,
+                b.cfg.records,
+                b.cfg.keys,
+                b.cfg.seed,
+                b.base_ts,
+            );
+            let ends = b.k.end_offsets(&input, b.cfg.partitions).expect("ends");
+            if do_w1 {
+                guarded(b, "W1", |b| b.w1(&input, &expected, &ends));
+            }
+            if do_w4 {
+                guarded(b, "W4", |b| b.w4(&input, &expected, &ends));
+            }
+        });
     }
     if do_w2 {
-        b.w2();
+        guarded(&mut b, "W2", Bench::w2);
     }
     if do_w3 {
-        b.w3();
+        guarded(&mut b, "W3", Bench::w3);
     }
     if do_lat {
-        b.latency();
+        guarded(&mut b, "latency", Bench::latency);
     }
     let load_after = loadavg();
 
