@@ -51,9 +51,21 @@ impl Kafka {
             }
         }
         // Wait until the metadata has the leaders: producers and consumers start at once.
+        // (An explicit metadata request each time: a watermark query right after the
+        // creation can cache the topic as unknown for minutes.)
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            if self.end_offsets(name, partitions).is_some() {
+            let ready = self
+                .meta
+                .fetch_metadata(Some(name), Duration::from_secs(5))
+                .is_ok_and(|md| {
+                    md.topics().first().is_some_and(|t| {
+                        t.error().is_none()
+                            && t.partitions().len() == partitions as usize
+                            && t.partitions().iter().all(|p| p.leader() >= 0)
+                    })
+                });
+            if ready {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
