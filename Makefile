@@ -10,7 +10,7 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench
+.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
@@ -18,6 +18,7 @@ help:
 	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + node agent)"
 	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
 	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
+	@echo "make bench-operator    operator RSS with N StreamApps (default 50) and apply-to-Ready times"
 
 prereqs:
 	@bash $(STACK)/prereqs.sh
@@ -67,3 +68,13 @@ bench: up
 	@bash bench/build-kstreams.sh
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
 	source $(OXBOW_CACHE)/stack/env && BENCH_REPORT=$${BENCH_REPORT:-$(CURDIR)/docs/benchmarks.md} $(CARGO_TARGET_DIR)/release/examples/compare
+	$(MAKE) --no-print-directory bench-operator
+
+# Operator figures (issue 7, item 5): RSS of one operator managing BENCH_OPERATOR_APPS
+# (50) StreamApps with stand-in workers, and apply -> StatefulSet / Ready times.
+# BENCH_OPERATOR_MODE=burst|sequential|both, BENCH_OPERATOR_IDLE_SECS (20). Prints a
+# table; the figures in docs/benchmarks.md (section Operator) are copied by hand.
+bench-operator: up
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-operator --bins
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-e2e --bins --examples
+	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/operator_bench
