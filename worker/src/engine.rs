@@ -1725,7 +1725,15 @@ fn restore_store(
             consumer.unassign().map_err(|e| fail(e.to_string()))?;
             return Err(EngineError::Stopped);
         }
-        match consumer.poll(Duration::from_millis(100)) {
+        // Near the end only a transaction marker may be left, which is never delivered;
+        // a long poll would sit out its whole timeout before the position check below
+        // sees the log consumed, once per store restored.
+        let wait = if last_offset + 2 >= to {
+            Duration::from_millis(5)
+        } else {
+            Duration::from_millis(100)
+        };
+        match consumer.poll(wait) {
             Some(Ok(m)) => {
                 idle_since = Instant::now();
                 if m.offset() >= to {
