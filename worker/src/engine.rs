@@ -1712,8 +1712,9 @@ fn restore_store(
     let mut last_progress = Instant::now();
     let mut last_offset = from - 1;
     let mut idle_since = Instant::now();
-    let base_done = progress.restored + progress.skipped;
     let base_remaining = progress.remaining;
+    // When records started to arrive, and how many were done then (see the rate below).
+    let mut flowing_since: Option<(Instant, u64)> = None;
     loop {
         if shared.stopping() {
             // A tail keeps what it applied, with its checkpoint; a bulk load has no
@@ -1739,6 +1740,8 @@ fn restore_store(
                 if m.offset() >= to {
                     break;
                 }
+                flowing_since
+                    .get_or_insert_with(|| (Instant::now(), progress.restored + progress.skipped));
                 last_offset = m.offset();
                 let header = source_of(&m);
                 if let Some(committed) = committed
@@ -1786,10 +1789,18 @@ fn restore_store(
                     }
                     let done = (last_offset + 1 - from).max(0) as u64;
                     progress.remaining = base_remaining.saturating_sub(done);
-                    let secs = started.elapsed().as_secs_f64();
-                    progress.seconds = secs;
-                    progress.records_per_second =
-                        (progress.restored + progress.skipped - base_done) as f64 / secs.max(1e-3);
+                    progress.seconds = started.elapsed().as_secs_f64();
+                    // The rate counts from the first record, over at least half a second:
+                    // the assignment and first fetch can take seconds, and a rate taken
+                    // over them (one record in three seconds) gives an ETA of weeks.
+                    // Until then the previous store's rate stands (none for the first).
+                    if let Some((t0, d0)) = flowing_since
+                        && t0.elapsed() >= Duration::from_millis(500)
+                    {
+                        progress.records_per_second = (progress.restored + progress.skipped - d0)
+                            as f64
+                            / t0.elapsed().as_secs_f64();
+                    }
                     gauges.set(
                         progress.restored,
                         progress.remaining,
