@@ -55,10 +55,11 @@ test-e2e: up
 test: lint up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
-# Worker figures on this machine: RECORDS/KEYS/PARTITIONS override the defaults.
+# Worker figures alone (no peer): W1 at both guarantees and W3 restores, from the same
+# driver as `make bench`; BENCH_RECORDS/BENCH_KEYS/BENCH_PARTITIONS/BENCH_RUNS override.
 bench-worker: up
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
-	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/bench $(or $(RECORDS),1000000) $(or $(KEYS),100000) $(or $(PARTITIONS),4)
+	source $(OXBOW_CACHE)/stack/env && BENCH_ENGINES=oxbow BENCH_WORKLOADS=w1,w3 $(CARGO_TARGET_DIR)/release/examples/compare
 
 # Oxbow side by side with Kafka Streams 4.1.2 and a raw pipe on the local Kafka (issue 7):
 # W1-W4 and latency, outputs checked before figures count, medians and ratios written to
