@@ -19,6 +19,7 @@ import org.apache.kafka.common.serialization.Serializer;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
@@ -32,7 +33,10 @@ import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.QueryableStoreTypes;
+import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 import org.apache.kafka.streams.state.Stores;
 import org.apache.kafka.streams.state.WindowStore;
 
@@ -58,6 +62,10 @@ import org.apache.kafka.streams.state.WindowStore;
  * line, each with {@code t} (epoch ms): {@code state}, {@code restore_start}, {@code
  * restore_end}, {@code progress} (records seen by the first processor, once a second) and
  * {@code closed}.
+ *
+ * <p>With {@code queryPort=<port>} a key-value store (W3's {@code per-key}) can be read back
+ * on 127.0.0.1 through interactive queries, so the driver can check what a restore rebuilt
+ * (see {@link #serveQueries}).
  */
 public final class KStreamsBench {
   static final ObjectMapper MAPPER = new ObjectMapper();
@@ -291,6 +299,99 @@ public final class KStreamsBench {
     return t;
   }
 
+  /**
+   * Read-only access to a key-value store of {@link Agg}s, answered in the shape of Oxbow's
+   * query API so the driver reads both engines the same way:
+   *
+   * <ul>
+   *   <li>{@code GET /v1/stores/<store>/keys/<key>}: 200 {@code {"found":true,"parts":[{"value":
+   *       {"count","total"}}]}}, or 404 {@code {"found":false}};
+   *   <li>{@code GET /v1/stores/<store>/range?from=&to=}: every key in {@code [from, to)}, all
+   *       in one page ({@code "next":null}).
+   * </ul>
+   *
+   * <p>503 while the store is not queryable (a rebalance, a restore). The server runs on its
+   * own thread and is only asked after the driver has taken its figures.
+   */
+  static void serveQueries(KafkaStreams streams, int port) throws java.io.IOException {
+    com.sun.net.httpserver.HttpServer server =
+        com.sun.net.httpserver.HttpServer.create(
+            new java.net.InetSocketAddress(java.net.InetAddress.getLoopbackAddress(), port), 16);
+    server.createContext(
+        "/v1/stores/",
+        ex -> {
+          int status;
+          String body;
+          try {
+            String path = ex.getRequestURI().getPath();
+            String[] parts = path.substring("/v1/stores/".length()).split("/", 3);
+            Map<String, String> q = new LinkedHashMap<>();
+            String raw = ex.getRequestURI().getRawQuery();
+            for (String kv : raw == null ? new String[0] : raw.split("&")) {
+              int i = kv.indexOf('=');
+              if (i > 0) {
+                q.put(
+                    kv.substring(0, i),
+                    java.net.URLDecoder.decode(
+                        kv.substring(i + 1), java.nio.charset.StandardCharsets.UTF_8));
+              }
+            }
+            ReadOnlyKeyValueStore<String, Agg> store =
+                streams.store(
+                    StoreQueryParameters.fromNameAndType(
+                        parts[0], QueryableStoreTypes.<String, Agg>keyValueStore()));
+            if (parts.length == 3 && parts[1].equals("keys")) {
+              Agg a = store.get(parts[2]);
+              status = a == null ? 404 : 200;
+              body =
+                  a == null
+                      ? "{\"found\":false}"
+                      : "{\"found\":true,\"parts\":[{\"value\":" + aggJson(a) + "}]}";
+            } else if (parts.length == 2 && parts[1].equals("range")) {
+              String from = q.getOrDefault("from", "");
+              String to = q.get("to");
+              StringBuilder b = new StringBuilder("{\"entries\":[");
+              boolean first = true;
+              // range() includes its upper end; Oxbow's range excludes it.
+              try (KeyValueIterator<String, Agg> it =
+                  to == null ? store.all() : store.range(from, to)) {
+                while (it.hasNext()) {
+                  KeyValue<String, Agg> kv = it.next();
+                  if (kv.key.compareTo(from) < 0 || (to != null && kv.key.compareTo(to) >= 0)) {
+                    continue;
+                  }
+                  b.append(first ? "" : ",").append("{\"key\":").append(quote(kv.key));
+                  b.append(",\"value\":").append(aggJson(kv.value)).append('}');
+                  first = false;
+                }
+              }
+              status = 200;
+              body = b.append("],\"next\":null}").toString();
+            } else {
+              status = 404;
+              body = "{\"error\":\"unknown path\"}";
+            }
+          } catch (org.apache.kafka.streams.errors.InvalidStateStoreException e) {
+            status = 503;
+            body = "{\"error\":" + quote(String.valueOf(e.getMessage())) + "}";
+          } catch (RuntimeException e) {
+            status = 500;
+            body = "{\"error\":" + quote(String.valueOf(e)) + "}";
+          }
+          byte[] out = body.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+          ex.getResponseHeaders().set("content-type", "application/json");
+          ex.sendResponseHeaders(status, out.length);
+          try (java.io.OutputStream os = ex.getResponseBody()) {
+            os.write(out);
+          }
+        });
+    server.start();
+  }
+
+  static String aggJson(Agg a) {
+    return "{\"count\":" + a.count + ",\"total\":" + a.total + "}";
+  }
+
   public static void main(String[] args) throws Exception {
     Map<String, String> a = new LinkedHashMap<>();
     for (String arg : args) {
@@ -372,6 +473,9 @@ public final class KStreamsBench {
         fields(
             "workload", workload, "pid", ProcessHandle.current().pid(), "kafkaStreams",
             org.apache.kafka.common.utils.AppInfoParser.getVersion()));
+    if (a.containsKey("queryPort")) {
+      serveQueries(streams, Integer.parseInt(a.get("queryPort")));
+    }
     streams.start();
     while (!done.await(1, java.util.concurrent.TimeUnit.SECONDS)) {
       emit("progress", fields("processed", PROCESSED.get()));
