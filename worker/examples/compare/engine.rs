@@ -81,6 +81,8 @@ pub struct Spec {
     pub state: PathBuf,
     /// More `key=value` arguments for the Kafka Streams peer.
     pub extra: Vec<String>,
+    /// Kafka Streams serves its store on a loopback port (the worker always does).
+    pub query: bool,
 }
 
 #[derive(Default)]
@@ -98,6 +100,8 @@ pub struct Proc {
     pub kind: Kind,
     pub child: Child,
     addr: Option<String>,
+    /// Where the store can be read back (the worker's own HTTP address for Oxbow).
+    query_addr: Option<String>,
     pub ks: Arc<Mutex<KsLog>>,
     log: PathBuf,
 }
@@ -108,6 +112,9 @@ pub struct Restore {
     pub records: f64,
     pub seconds: f64,
     pub mode: String,
+    /// Of `records`, those Oxbow read but did not apply: produced by work whose source
+    /// offsets were never committed (at-least-once).
+    pub skipped: f64,
     /// When the engine had restored everything (epoch ms).
     pub finished_ms: i64,
 }
@@ -120,6 +127,29 @@ pub fn http_get(addr: &str, path: &str) -> Option<serde_json::Value> {
     let mut b = String::new();
     s.read_to_string(&mut b).ok()?;
     serde_json::from_str(b.split_once("\r\n\r\n")?.1).ok()
+}
+
+/// A GET that keeps the status: (status, JSON body).
+pub fn http_get_status(addr: &str, path: &str) -> Result<(u16, serde_json::Value), String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").map_err(|e| format!("{addr}{path}: {e}"))?;
+    let mut b = String::new();
+    s.read_to_string(&mut b)
+        .map_err(|e| format!("{addr}{path}: {e}"))?;
+    let (head, body) = b
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{addr}{path}: no HTTP answer"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("{addr}{path}: bad status line {head:?}"))?;
+    let json = serde_json::from_str(body)
+        .map_err(|e| format!("{addr}{path}: {status}, body not JSON: {e}"))?;
+    Ok((status, json))
 }
 
 /// Peak resident set (VmHWM) of a live process, MiB.
@@ -195,7 +225,7 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
             .expect("log file")
     };
     let ks = Arc::new(Mutex::new(KsLog::default()));
-    let (child, addr) = match s.kind {
+    let (child, addr, query_addr) = match s.kind {
         Kind::Oxbow => {
             let manifest = setup.scratch.join(format!("{}.yaml", s.app));
             std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
@@ -220,9 +250,13 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                 .stderr(logf())
                 .spawn()
                 .expect("spawn oxbow-worker");
-            (child, Some(addr))
+            (child, Some(addr.clone()), Some(addr))
         }
         Kind::KStreams => {
+            let query_addr = s.query.then(|| {
+                let port = setup.port.fetch_add(1, Ordering::Relaxed);
+                format!("127.0.0.1:{port}")
+            });
             let mut cmd = Command::new(&setup.java);
             cmd.args(&setup.java_opts)
                 .arg("-cp")
@@ -241,6 +275,12 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                 .arg(format!("cacheBytes={}", setup.ks_cache_bytes))
                 .args(&setup.ks_props)
                 .args(&s.extra)
+                .args(
+                    query_addr
+                        .as_deref()
+                        .and_then(|a| a.rsplit_once(':'))
+                        .map(|(_, port)| format!("queryPort={port}")),
+                )
                 .stdout(Stdio::piped())
                 .stderr(logf());
             let mut child = cmd.spawn().expect("spawn java (Kafka Streams peer)");
@@ -270,7 +310,7 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                     }
                 }
             });
-            (child, None)
+            (child, None, query_addr)
         }
         Kind::Pipe => {
             let child = Command::new(std::env::current_exe().expect("exe"))
@@ -287,13 +327,14 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                 .stderr(logf())
                 .spawn()
                 .expect("spawn pipe");
-            (child, None)
+            (child, None, None)
         }
     };
     Proc {
         kind: s.kind,
         child,
         addr,
+        query_addr,
         ks,
         log,
     }
@@ -373,6 +414,7 @@ impl Proc {
                     let x = &t["restore"];
                     r.records += x["restored"].as_f64().unwrap_or(0.0)
                         + x["skipped"].as_f64().unwrap_or(0.0);
+                    r.skipped += x["skipped"].as_f64().unwrap_or(0.0);
                     r.seconds += x["seconds"].as_f64().unwrap_or(0.0);
                     if let Some(m) = x["mode"].as_str() {
                         modes.insert(m.split([' ', '(']).next().unwrap_or(m).to_string());
@@ -405,6 +447,7 @@ impl Proc {
                                 seconds: (t1 - t0) as f64 / 1000.0,
                                 mode: if full { "full" } else { "tail" }.into(),
                                 finished_ms: t1,
+                                ..Restore::default()
                             });
                         }
                     }
@@ -415,6 +458,26 @@ impl Proc {
                 }
             }
             Kind::Pipe => Ok(Restore::default()),
+        }
+    }
+
+    /// GET `path` on the engine's query endpoint; retried while the store answers 503
+    /// (Kafka Streams between a rebalance and RUNNING, a task still restoring).
+    pub fn query(&mut self, path: &str) -> Result<(u16, serde_json::Value), String> {
+        let addr = self
+            .query_addr
+            .clone()
+            .ok_or_else(|| format!("{} has no query endpoint", self.kind.name()))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.alive()?;
+            let r = http_get_status(&addr, path);
+            match &r {
+                Ok((503, _)) | Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                _ => return r,
+            }
         }
     }
 

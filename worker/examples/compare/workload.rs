@@ -72,15 +72,44 @@ pub fn w1(k: &Kafka, topic: &str, records: u64, keys: u64, seed: u64, base_ts: i
     expected
 }
 
-/// Checks a W1 output topic: the last update of every (key, window) must equal the
-/// expected count and total, with no extra windows. Returns the number of output
-/// records, or the first mismatches.
-pub fn check_w1(
-    k: &Kafka,
-    topic: &str,
-    partitions: i32,
-    expected: &W1Expected,
-) -> Result<u64, String> {
+/// A W1 output topic against the generator: the last update of every (key, window).
+pub struct W1Outcome {
+    /// Output records read.
+    pub outputs: u64,
+    /// (key, window)s whose last update counts more records than were generated, with a
+    /// total at least the generated one: work applied twice.
+    pub over: usize,
+    /// The records counted twice, summed over those windows.
+    pub over_records: i64,
+    /// Everything else that differs: missing or extra windows, fewer records than
+    /// generated, a wrong total for the right count, unreadable outputs.
+    pub bad: Vec<String>,
+}
+
+impl W1Outcome {
+    /// Up to five problems as one line; `over` counts as a problem when exactness is
+    /// promised.
+    pub fn problems(&self, allow_over: bool) -> Option<String> {
+        let mut all = self.bad.clone();
+        if !allow_over && self.over > 0 {
+            all.insert(
+                0,
+                format!(
+                    "{} windows over-counted ({} records counted twice)",
+                    self.over, self.over_records
+                ),
+            );
+        }
+        if all.is_empty() {
+            return None;
+        }
+        let total = all.len();
+        all.truncate(5);
+        Some(format!("{total} mismatches, e.g. {}", all.join("; ")))
+    }
+}
+
+pub fn compare_w1(k: &Kafka, topic: &str, partitions: i32, expected: &W1Expected) -> W1Outcome {
     let mut last: HashMap<(u32, i64), (i64, i64)> = HashMap::with_capacity(expected.len());
     let mut bad = Vec::new();
     let n = crate::kafka::read_all(&k.bootstrap, topic, partitions, |o| {
@@ -104,11 +133,18 @@ pub fn check_w1(
             bad.push(format!("unexpected output {v}"));
             return;
         };
+        // A key's updates are in one partition, in order: the last one read is the final.
         last.insert((u, ws), (c, t));
     });
+    let (mut over, mut over_records) = (0, 0);
     for (key, want) in expected {
         match last.get(key) {
             Some(got) if got == want => {}
+            // Amounts are never negative, so work applied twice raises both.
+            Some(got) if got.0 > want.0 && got.1 >= want.1 => {
+                over += 1;
+                over_records += got.0 - want.0;
+            }
             got => bad.push(format!(
                 "user-{:06} window {}: expected (count, total) {want:?}, got {got:?}",
                 key.0, key.1
@@ -120,12 +156,27 @@ pub fn check_w1(
             bad.push(format!("unexpected window user-{:06} {}", key.0, key.1));
         }
     }
-    if bad.is_empty() {
-        Ok(n)
-    } else {
-        let total = bad.len();
-        bad.truncate(5);
-        Err(format!("{total} mismatches, e.g. {}", bad.join("; ")))
+    W1Outcome {
+        outputs: n,
+        over,
+        over_records,
+        bad,
+    }
+}
+
+/// Checks a W1 output topic: the last update of every (key, window) must equal the
+/// expected count and total, with no extra windows. Returns the number of output
+/// records, or the first mismatches.
+pub fn check_w1(
+    k: &Kafka,
+    topic: &str,
+    partitions: i32,
+    expected: &W1Expected,
+) -> Result<u64, String> {
+    let o = compare_w1(k, topic, partitions, expected);
+    match o.problems(false) {
+        None => Ok(o.outputs),
+        Some(e) => Err(e),
     }
 }
 
@@ -236,14 +287,21 @@ pub fn check_w2(
     }
 }
 
-/// W3 input: one payment for each of `keys` keys (a changelog of `keys` records), or with
-/// `first..first+n` a second payment for n of them (the tail).
-pub fn w3(k: &Kafka, topic: &str, range: std::ops::Range<u64>, seed: u64, base_ts: i64) {
+/// W3 input: one payment for each key number in `range`, keyed `key-<n>`, with amounts
+/// from `seed`. Returns the amounts, in `range` order, so the restored state can be checked.
+pub fn w3(
+    k: &Kafka,
+    topic: &str,
+    range: std::ops::Range<u64>,
+    seed: u64,
+    base_ts: i64,
+) -> Vec<u64> {
     let p = generator_producer(&k.bootstrap);
     let mut rng = Rng::new(seed ^ 0x3333 ^ range.start);
+    let mut amounts = Vec::with_capacity((range.end - range.start) as usize);
     for (n, i) in range.enumerate() {
         let x = rng.next();
-        let name = format!("key-{i:07}");
+        let name = w3_key(i);
         let ts = base_ts + n as i64;
         send(
             &p,
@@ -252,6 +310,136 @@ pub fn w3(k: &Kafka, topic: &str, range: std::ops::Range<u64>, seed: u64, base_t
             payment(&name, x % 10_000, (x >> 40) % 1000, ts).as_bytes(),
             ts,
         );
+        amounts.push(x % 10_000);
     }
     p.flush(Duration::from_secs(300)).expect("flush");
+    amounts
+}
+
+pub fn w3_key(i: u64) -> String {
+    format!("key-{i:07}")
+}
+
+/// What W3's store must hold once built and updated: key `i` has one payment of
+/// `base[i]`, plus one of `tail[i]` when `i < tail.len()`.
+pub struct W3Expected {
+    pub base: Vec<u64>,
+    pub tail: Vec<u64>,
+}
+
+impl W3Expected {
+    /// (count, total) of key number `i`.
+    pub fn get(&self, i: u64) -> (i64, i64) {
+        let i = i as usize;
+        match self.tail.get(i) {
+            Some(t) => (2, (self.base[i] + t) as i64),
+            None => (1, self.base[i] as i64),
+        }
+    }
+
+    /// The keys read back one by one: `n` drawn by `seed` over the whole key space, and
+    /// the first and last key. The tail's keys are read as one range besides.
+    pub fn sample(&self, n: usize, seed: u64) -> Vec<u64> {
+        let keys = self.base.len() as u64;
+        let mut rng = Rng::new(seed ^ 0x5a3);
+        let mut s: std::collections::BTreeSet<u64> =
+            (0..n).map(|_| rng.next() % keys.max(1)).collect();
+        s.insert(0);
+        s.insert(keys.saturating_sub(1));
+        s.into_iter().collect()
+    }
+}
+
+/// (count, total) from an entry of either engine's query answer: `{"value": {"count",
+/// "total"}}`. Oxbow's sum may come back as a float; amounts are integers far below 2^53.
+fn agg_of(entry: &serde_json::Value) -> Option<(i64, i64)> {
+    let v = &entry["value"];
+    let count = v["count"].as_f64()?;
+    let total = v["total"].as_f64()?;
+    (count.fract() == 0.0 && total.fract() == 0.0).then_some((count as i64, total as i64))
+}
+
+/// Reads the restored W3 store back through the engine's query endpoint and compares
+/// every key read with what the generator wrote. `get` is a GET of a path on the engine
+/// (status and JSON body). Returns how many keys were compared, or the mismatches.
+/// A GET on an engine's query endpoint: (status, JSON body).
+pub type Get<'a> = dyn FnMut(&str) -> Result<(u16, serde_json::Value), String> + 'a;
+
+pub fn check_w3_content(exp: &W3Expected, sample: &[u64], get: &mut Get) -> Result<usize, String> {
+    let mut bad = Vec::new();
+    let mut compared = 0;
+    for &i in sample {
+        let key = w3_key(i);
+        let (status, body) = get(&format!("/v1/stores/per-key/keys/{key}"))?;
+        let want = exp.get(i);
+        compared += 1;
+        match status {
+            200 => {
+                let parts = body["parts"].as_array().cloned().unwrap_or_default();
+                match parts.as_slice() {
+                    [one] if agg_of(one) == Some(want) => {}
+                    [one] => bad.push(format!(
+                        "{key}: expected (count, total) {want:?}, got {:?} ({})",
+                        agg_of(one),
+                        one["value"]
+                    )),
+                    _ => bad.push(format!(
+                        "{key}: expected one task holding it, got {} parts",
+                        parts.len()
+                    )),
+                }
+            }
+            404 => bad.push(format!("{key}: expected {want:?}, missing")),
+            s => return Err(format!("GET {key}: {s} {body}")),
+        }
+    }
+    // Every key the tail updated, read as ranges (Oxbow pages at 10 000 keys).
+    let tail = exp.tail.len() as u64;
+    if tail > 0 {
+        let to = w3_key(tail);
+        let mut from = w3_key(0);
+        let mut seen = 0u64;
+        loop {
+            let (status, body) = get(&format!(
+                "/v1/stores/per-key/range?from={from}&to={to}&limit=10000"
+            ))?;
+            if status != 200 {
+                return Err(format!("range from {from}: {status} {body}"));
+            }
+            for e in body["entries"].as_array().into_iter().flatten() {
+                let key = e["key"].as_str().unwrap_or_default();
+                let i = key.strip_prefix("key-").and_then(|n| n.parse::<u64>().ok());
+                match i {
+                    Some(i) if i < tail => {
+                        seen += 1;
+                        compared += 1;
+                        let want = exp.get(i);
+                        if agg_of(e) != Some(want) {
+                            bad.push(format!(
+                                "{key} (tail): expected (count, total) {want:?}, got {:?}",
+                                agg_of(e)
+                            ));
+                        }
+                    }
+                    _ => bad.push(format!("range [{}, {to}) returned {key:?}", w3_key(0))),
+                }
+            }
+            match body["next"].as_str() {
+                Some(n) => from = n.to_string(),
+                None => break,
+            }
+        }
+        if seen != tail {
+            bad.push(format!(
+                "the tail's range held {seen} keys, expected {tail}"
+            ));
+        }
+    }
+    if bad.is_empty() {
+        Ok(compared)
+    } else {
+        let total = bad.len();
+        bad.truncate(5);
+        Err(format!("{total} mismatches, e.g. {}", bad.join("; ")))
+    }
 }
