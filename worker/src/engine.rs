@@ -22,7 +22,7 @@ use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -46,6 +46,8 @@ const MAX_UNCOMMITTED: u64 = 50_000;
 const OFFSET_REFRESH: Duration = Duration::from_secs(60);
 /// Bulk-load chunk: entries buffered before an SST file is written.
 const INGEST_CHUNK_BYTES: usize = 64 << 20;
+/// Sorted files below this size make more work for compaction than they save memory.
+const MIN_INGEST_CHUNK_BYTES: usize = 8 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -183,7 +185,11 @@ fn consumer_config(app: &App, restore: bool) -> ClientConfig {
     // Prefetch is per partition (librdkafka's defaults allow 100 000 records or 64 MiB
     // each): bounded, memory goes to RocksDB's budget, not to records in a queue.
     c.set("queued.max.messages.kbytes", "4096")
-        .set("queued.min.messages", "20000");
+        .set("queued.min.messages", "20000")
+        // With a queue this small it fills often; librdkafka then postpones the
+        // partition's next fetch by this long (1 s by default), and the engine, having
+        // drained the queue meanwhile, sits idle for the rest of it.
+        .set("fetch.queue.backoff.ms", "5");
     if restore {
         // Restore reads whole logs: big fetches.
         c.set("fetch.max.bytes", "33554432")
@@ -606,42 +612,26 @@ impl Engine {
             self.shared.put_task(st);
             batch.push((t, db));
         }
-        let mut started: Vec<TaskId> = Vec::new();
-        let mut batch = batch.into_iter();
-        while let Some((t, db)) = batch.next() {
-            let superseded = match self.start_active(t, Some(db.clone())) {
-                Ok(()) => {
-                    started.push(t);
-                    false
-                }
-                // Placement moved it away mid-restore (this pod's copy is cold and a
-                // warm one exists): keep what was restored, as a standby.
-                Err(EngineError::Superseded(_)) => {
-                    if let Producers::Transactional(m) = &mut self.producers {
-                        m.remove(&t);
-                    }
-                    self.committed.remove(&t);
-                    true
-                }
-                Err(e) => return Err(e),
-            };
-            if superseded || self.shared.desired_changed(self.desired_seen) {
-                // The assignment moved on while restoring: this generation is not
-                // acknowledged; what is left stays warm as standbys until the next
-                // round decides.
-                tracing::info!("assignment changed while starting tasks: re-planning");
-                let rest: Vec<_> = batch.by_ref().collect();
-                let this = (!started.contains(&t)).then_some((t, db));
-                for (t, db) in this.into_iter().chain(rest) {
-                    self.shared.remove_task(t.0);
-                    self.start_standby(t, Some(db))?;
-                }
-                for t in started {
-                    self.shared
-                        .task(t.0, |s: &mut TaskStatus| s.state = TaskState::Running);
-                }
-                return Ok(());
+        let StartOutcome {
+            started,
+            superseded,
+        } = self.start_actives(batch)?;
+        if !superseded.is_empty() || self.shared.desired_changed(self.desired_seen) {
+            // The assignment moved on while restoring: this generation is not
+            // acknowledged. A task placed elsewhere meanwhile (this pod's copy was cold
+            // and a warm one exists) keeps what it restored, as a standby, until the
+            // next round decides; the others run and the next round releases them if
+            // they are no longer ours.
+            tracing::info!("assignment changed while starting tasks: re-planning");
+            for (t, db) in superseded {
+                self.shared.remove_task(t.0);
+                self.start_standby(t, Some(db))?;
             }
+            for t in started {
+                self.shared
+                    .task(t.0, |s: &mut TaskStatus| s.state = TaskState::Running);
+            }
+            return Ok(());
         }
         for t in started {
             self.shared.task(t.0, |s| s.state = TaskState::Running);
@@ -689,83 +679,152 @@ impl Engine {
         tpl
     }
 
-    /// Fences the previous owner (exactly-once), restores the state (a tail when the
-    /// local copy is warm), then starts consuming at the committed offsets.
-    fn start_active(&mut self, id: TaskId, db: Option<Arc<TaskDb>>) -> Result<(), EngineError> {
+    /// Starts a batch of active tasks: fences each task's previous owner (exactly-once),
+    /// restores each store (a tail when the local copy is warm), then starts consuming
+    /// at the committed offsets.
+    ///
+    /// The round trips and restores of different tasks do not depend on each other, so
+    /// they overlap: fencing waits on librdkafka's coordinator timers (about 0.5 s per
+    /// producer, even on an idle broker) and a restore mostly on fetches. One after the
+    /// other, four tasks took 2-3 s to start after a crash with nothing to restore.
+    /// A task placed elsewhere while restoring comes back in `superseded`.
+    fn start_actives(
+        &mut self,
+        batch: Vec<(TaskId, Arc<TaskDb>)>,
+    ) -> Result<StartOutcome, EngineError> {
         let app = self.app.clone();
         let spec = &app.manifest.spec;
-        let mut st = TaskStatus::new(id.0);
-        st.state = TaskState::Restoring;
-        // The figures announced for the batch stand until the restore reports its own.
-        st.restore = self.shared.snapshot().and_then(|s| {
-            s.tasks
-                .into_iter()
-                .find(|t| t.task == id.0 && t.role == Role::Active)?
-                .restore
-        });
-        self.shared.put_task(st);
+        let snapshot = self.shared.snapshot();
+        for (id, _) in &batch {
+            let mut st = TaskStatus::new(id.0);
+            st.state = TaskState::Restoring;
+            // The figures announced for the batch stand until the restore reports its own.
+            st.restore = snapshot.as_ref().and_then(|s| {
+                s.tasks
+                    .iter()
+                    .find(|t| t.task == id.0 && t.role == Role::Active)?
+                    .restore
+                    .clone()
+            });
+            self.shared.put_task(st);
+        }
         self.shared.update(|s| s.state = "Restoring".into());
         if let Producers::Transactional(m) = &mut self.producers {
-            let tid = app.manifest.transactional_id(id);
-            let p = producer(&app, &self.tracker, Some(&tid))?;
-            // Fences any older producer with this id and aborts its open transaction,
-            // so the restore below reads only committed data.
-            p.init_transactions(KAFKA_TIMEOUT)
-                .map_err(|source| EngineError::InitTransactions {
-                    transactional_id: tid.clone(),
-                    source,
-                })?;
-            m.insert(id, (p, false));
+            // Fences any older producer with each task's id and aborts its open
+            // transaction, so the restores below read only committed data.
+            let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
+            for (id, p) in init_producers(&app, &self.tracker, &ids)? {
+                m.insert(id, (p, false));
+            }
         }
-        // What Kafka says is committed: the truth for where to resume and what to restore.
+        // What Kafka says is committed: the truth for where to resume and what to
+        // restore. One request for the whole batch.
+        let mut tpl = TopicPartitionList::new();
+        for (id, _) in &batch {
+            for topic in &spec.source.topics {
+                tpl.add_partition(topic, id.0 as i32);
+            }
+        }
         let committed_tpl = self
             .consumer
-            .committed_offsets(self.source_tpl(id), KAFKA_TIMEOUT)
+            .committed_offsets(tpl, KAFKA_TIMEOUT)
             .map_err(|source| EngineError::CommittedOffsets {
                 group: app.application_id.clone(),
                 source,
             })?;
-        let mut done: BTreeMap<String, i64> = BTreeMap::new();
-        for e in committed_tpl.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                done.insert(e.topic().to_string(), o);
+        let mut starting = Vec::new();
+        for (id, db) in batch {
+            let mut done: BTreeMap<String, i64> = BTreeMap::new();
+            for e in committed_tpl.elements() {
+                if e.partition() == id.0 as i32
+                    && let Offset::Offset(o) = e.offset()
+                {
+                    done.insert(e.topic().to_string(), o);
+                }
+            }
+            // Kafka drops a group's offsets after offsets.retention.minutes without a
+            // commit; the positions kept with the state are then the best truth, far
+            // better than reprocessing the topic from the start into existing state.
+            let kept = db.checkpoint()?.source;
+            for topic in &spec.source.topics {
+                if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
+                    tracing::warn!(task = %id, topic, position = pos,
+                        "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
+                    done.insert(topic.clone(), *pos);
+                }
+            }
+            self.committed.insert(id, done.clone());
+            if let Ok(mut dbs) = self.shared.dbs.write() {
+                dbs.insert(id, db.clone());
+            }
+            starting.push((id, db, done));
+        }
+        let jobs: Vec<RestoreJob<'_>> = starting
+            .iter()
+            .map(|(id, db, done)| RestoreJob {
+                id: *id,
+                db,
+                stores: self.task_stores(*id),
+                // Under exactly-once read_committed already hides uncommitted work;
+                // the source-offset filter is for at-least-once.
+                committed: (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(done),
+            })
+            .collect();
+        let results = restore_tasks(&app, &self.side, &jobs, &self.shared);
+        drop(jobs);
+        let mut outcome = StartOutcome::default();
+        let mut first_error = None;
+        let mut assign = TopicPartitionList::new();
+        for ((id, db, done), result) in starting.into_iter().zip(results) {
+            match result {
+                Ok(progress) => {
+                    tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
+                        seconds = progress.seconds, rate = progress.records_per_second, "restored");
+                    self.finish_start(id, db, done, &mut assign)?;
+                    outcome.started.push(id);
+                }
+                Err(EngineError::Superseded(_)) => {
+                    if let Producers::Transactional(m) = &mut self.producers {
+                        m.remove(&id);
+                    }
+                    self.committed.remove(&id);
+                    if let Ok(mut dbs) = self.shared.dbs.write() {
+                        dbs.remove(&id);
+                    }
+                    outcome.superseded.push((id, db));
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
-        let db = match db {
-            Some(db) => db,
-            None => self.open_db(id)?,
-        };
-        // Kafka drops a group's offsets after offsets.retention.minutes without a
-        // commit; the positions kept with the state are then the best truth, far
-        // better than reprocessing the topic from the start into existing state.
-        let kept = db.checkpoint()?.source;
-        for topic in &spec.source.topics {
-            if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
-                tracing::warn!(task = %id, topic, position = pos,
-                    "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
-                done.insert(topic.clone(), *pos);
-            }
+        // One assignment for the batch: partitions added one by one wait behind the
+        // long-poll fetch of those added before (up to fetch.wait.max.ms each).
+        if assign.count() > 0 {
+            self.consumer
+                .incremental_assign(&assign)
+                .map_err(EngineError::AssignPartitions)?;
         }
-        self.committed.insert(id, done.clone());
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(outcome),
+        }
+    }
+
+    /// Initialises a restored task's processors and adds its source partitions, at the
+    /// committed offsets, to `assign`.
+    fn finish_start(
+        &mut self,
+        id: TaskId,
+        db: Arc<TaskDb>,
+        done: BTreeMap<String, i64>,
+        assign: &mut TopicPartitionList,
+    ) -> Result<(), EngineError> {
+        let app = self.app.clone();
+        let spec = &app.manifest.spec;
         let processors: Vec<_> = app.steps.iter().map(|f| f(id)).collect();
-        let stores: Vec<StoreName> = processors.iter().flat_map(|p| p.stores()).collect();
-        let mut task = Task::new(id, db.clone(), processors);
+        let mut task = Task::new(id, db, processors);
         task.positions = done.clone();
-        if let Ok(mut dbs) = self.shared.dbs.write() {
-            dbs.insert(id, db);
-        }
-        let progress = restore_task(
-            &app,
-            &self.side,
-            &mut task,
-            &stores,
-            // Under exactly-once read_committed already hides uncommitted work;
-            // the source-offset filter is for at-least-once.
-            (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(&done),
-            &self.shared,
-        )?;
-        tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
-            seconds = progress.seconds, rate = progress.records_per_second, "restored");
         task.init(&self.env).map_err(|e| EngineError::Init {
             task: id,
             message: e.to_string(),
@@ -775,7 +834,6 @@ impl Engine {
             t.state_lag = Some(0);
             t.positions = task.positions.clone();
         });
-        let mut assign = TopicPartitionList::new();
         for topic in &spec.source.topics {
             let off = done
                 .get(topic)
@@ -787,9 +845,6 @@ impl Engine {
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
         // failed here before, moved away and came back must not stay paused.
         let _ = self.consumer.resume(&self.source_tpl(id));
-        self.consumer
-            .incremental_assign(&assign)
-            .map_err(EngineError::AssignPartitions)?;
         self.tasks.insert(id, task);
         Ok(())
     }
@@ -1292,34 +1347,35 @@ impl Engine {
                     stores.push(store.clone());
                 }
             }
-            if let Producers::Transactional(m) = &mut self.producers
-                && let Some((p, in_txn)) = m.get_mut(id)
-            {
-                let mut tpl = TopicPartitionList::new();
-                for (topic, off) in &c.positions {
-                    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
-                        .map_err(|source| EngineError::Commit { task: *id, source })?;
+            commits.insert(*id, (c, stores));
+        }
+        if let Producers::Transactional(m) = &mut self.producers {
+            let gm = self
+                .consumer
+                .group_metadata()
+                .ok_or_else(|| EngineError::Init {
+                    task: ids[0],
+                    message: "the consumer has no group metadata".into(),
+                })?;
+            let ended = end_transactions(m, &commits, &gm);
+            self.check_delivery()?;
+            // A task whose transaction committed has its state applied even when another
+            // task's failed: its outputs and offsets are in Kafka now.
+            let mut first_error = None;
+            for (id, r) in ended {
+                match r {
+                    Ok(()) => {
+                        if let Some((c, stores)) = commits.get(&id) {
+                            self.apply_commit(id, c, stores)?;
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
                 }
-                let gm = self
-                    .consumer
-                    .group_metadata()
-                    .ok_or_else(|| EngineError::Init {
-                        task: *id,
-                        message: "the consumer has no group metadata".into(),
-                    })?;
-                if tpl.count() > 0 {
-                    p.send_offsets_to_transaction(&tpl, &gm, KAFKA_TIMEOUT)
-                        .map_err(|source| EngineError::Commit { task: *id, source })?;
-                }
-                flush(p, KAFKA_TIMEOUT)
-                    .map_err(|source| EngineError::Commit { task: *id, source })?;
-                p.commit_transaction(KAFKA_TIMEOUT)
-                    .map_err(|source| EngineError::Commit { task: *id, source })?;
-                *in_txn = false;
-                self.check_delivery()?;
-                self.apply_commit(*id, &c, &stores)?;
-            } else {
-                commits.insert(*id, (c, stores));
+            }
+            if let Some(e) = first_error {
+                return Err(e);
             }
         }
         if let Producers::Shared(p) = &self.producers {
@@ -1477,6 +1533,86 @@ fn apply_standby_record(
 }
 
 /// Applies the held records whose source work is now committed, in log order.
+/// An end of transaction slower than this is logged with its round trips' times.
+const SLOW_TRANSACTION: Duration = Duration::from_millis(500);
+
+/// Ends the open transaction of each task in `commits`: its source offsets go to the
+/// group through the transaction, then its records are flushed and the transaction
+/// committed. Each of these is a round trip on the task's own producer, so the tasks'
+/// transactions end side by side rather than one after another (four tasks queued
+/// their round trips for most of a 100 ms commit interval).
+fn end_transactions(
+    producers: &mut BTreeMap<TaskId, (KProducer, bool)>,
+    commits: &BTreeMap<TaskId, (crate::task::Commit, Vec<StoreName>)>,
+    gm: &ConsumerGroupMetadata,
+) -> Vec<(TaskId, Result<(), EngineError>)> {
+    fn end(
+        id: TaskId,
+        p: &KProducer,
+        in_txn: &mut bool,
+        c: &crate::task::Commit,
+        gm: &ConsumerGroupMetadata,
+    ) -> Result<(), EngineError> {
+        let fail = |source| EngineError::Commit { task: id, source };
+        let mut tpl = TopicPartitionList::new();
+        for (topic, off) in &c.positions {
+            tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
+                .map_err(fail)?;
+        }
+        let t0 = Instant::now();
+        if tpl.count() > 0 {
+            p.send_offsets_to_transaction(&tpl, gm, KAFKA_TIMEOUT)
+                .map_err(fail)?;
+        }
+        let t1 = Instant::now();
+        flush(p, KAFKA_TIMEOUT).map_err(fail)?;
+        let t2 = Instant::now();
+        p.commit_transaction(KAFKA_TIMEOUT).map_err(fail)?;
+        *in_txn = false;
+        // A slow end of transaction holds the task's records back from read_committed
+        // readers: say which round trip was slow.
+        let total = t0.elapsed();
+        if total >= SLOW_TRANSACTION {
+            tracing::warn!(task = %id,
+                offsets_ms = (t1 - t0).as_millis() as u64,
+                flush_ms = (t2 - t1).as_millis() as u64,
+                commit_ms = t2.elapsed().as_millis() as u64,
+                "slow end of transaction");
+        }
+        Ok(())
+    }
+    let mut work: Vec<_> = producers
+        .iter_mut()
+        .filter_map(|(id, (p, in_txn))| Some((*id, &*p, in_txn, &commits.get(id)?.0)))
+        .collect();
+    if work.len() <= 1 {
+        return work
+            .into_iter()
+            .map(|(id, p, in_txn, c)| (id, end(id, p, in_txn, c, gm)))
+            .collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = work
+            .drain(..)
+            .map(|(id, p, in_txn, c)| (id, s.spawn(move || end(id, p, in_txn, c, gm))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|(id, h)| {
+                // A panic in librdkafka's bindings is a bug; the task's commit is then
+                // unknown, which a restart resolves by fencing and restoring.
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(EngineError::Init {
+                        task: id,
+                        message: "the thread ending the transaction panicked".into(),
+                    })
+                });
+                (id, r)
+            })
+            .collect()
+    })
+}
+
 fn drain_held(sb: &mut Standby, sources: &[String]) {
     while sb
         .held
@@ -1488,6 +1624,137 @@ fn drain_held(sb: &mut Standby, sources: &[String]) {
             sb.pending.push(((h.store, h.key), h.value));
         }
     }
+}
+
+/// What starting a batch of active tasks came to: the tasks now running, and those
+/// placed elsewhere while they restored, with their stores.
+#[derive(Default)]
+struct StartOutcome {
+    started: Vec<TaskId>,
+    superseded: Vec<(TaskId, Arc<TaskDb>)>,
+}
+
+/// One task's restore, as `restore_tasks` runs it.
+struct RestoreJob<'a> {
+    id: TaskId,
+    db: &'a TaskDb,
+    stores: Vec<StoreName>,
+    /// At-least-once: the committed source offsets, to skip the changelog records of
+    /// work that was never committed.
+    committed: Option<&'a BTreeMap<String, i64>>,
+}
+
+/// At most this many restores run at once, each with its own consumer.
+const RESTORE_THREADS: usize = 4;
+
+/// Creates the transactional producers of `ids` and initialises them side by side.
+/// Each `init_transactions` fences the previous producer with the task's id and aborts
+/// its open transaction; librdkafka waits on fixed 500 ms coordinator timers there, so
+/// one after the other this took about half a second per task.
+fn init_producers(
+    app: &App,
+    tracker: &Arc<Tracker>,
+    ids: &[TaskId],
+) -> Result<Vec<(TaskId, KProducer)>, EngineError> {
+    let init = |id: TaskId| -> Result<(TaskId, KProducer), EngineError> {
+        let tid = app.manifest.transactional_id(id);
+        let p = producer(app, tracker, Some(&tid))?;
+        p.init_transactions(KAFKA_TIMEOUT)
+            .map_err(|source| EngineError::InitTransactions {
+                transactional_id: tid.clone(),
+                source,
+            })?;
+        Ok((id, p))
+    };
+    if ids.len() <= 1 {
+        return ids.iter().map(|id| init(*id)).collect();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .iter()
+            .map(|id| (*id, s.spawn(move || init(*id))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|(id, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(EngineError::Init {
+                        task: id,
+                        message: "the thread initialising the task's producer panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
+/// Restores the tasks of `jobs`, up to `RESTORE_THREADS` at a time, and returns each
+/// one's result in the order of `jobs`. The first thread uses `side`; the others
+/// their own consumers (a consumer's assignment is one restore at a time). Bulk loads
+/// share the sort memory of one: the chunk shrinks with the number of threads.
+fn restore_tasks(
+    app: &App,
+    side: &BaseConsumer,
+    jobs: &[RestoreJob<'_>],
+    shared: &Shared,
+) -> Vec<Result<RestoreProgress, EngineError>> {
+    let threads = jobs.len().clamp(1, RESTORE_THREADS);
+    let chunk = (INGEST_CHUNK_BYTES / threads).max(MIN_INGEST_CHUNK_BYTES);
+    if threads == 1 {
+        return jobs
+            .iter()
+            .map(|j| restore_task(app, side, j, chunk, shared))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<RestoreProgress, EngineError>>>> =
+        jobs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for n in 0..threads {
+            let (next, results) = (&next, &results);
+            s.spawn(move || {
+                let own;
+                let consumer = if n == 0 {
+                    side
+                } else {
+                    match consumer_config(app, true).create::<BaseConsumer>() {
+                        Ok(c) => {
+                            own = c;
+                            &own
+                        }
+                        // The jobs left are taken by the threads that have a consumer.
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not create an extra restore consumer");
+                            return;
+                        }
+                    }
+                };
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(job) = jobs.get(i) else { return };
+                    let r = restore_task(app, consumer, job, chunk, shared);
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .zip(jobs)
+        .map(|(slot, job)| {
+            slot.into_inner().ok().flatten().unwrap_or_else(|| {
+                // Only a panic in a restore leaves a slot empty.
+                Err(EngineError::Restore {
+                    task: job.id,
+                    store: String::new(),
+                    topic: String::new(),
+                    message: "the restore thread panicked".into(),
+                })
+            })
+        })
+        .collect()
 }
 
 /// Each store's restore plan from its checkpoint and its changelog's watermarks, with
@@ -1580,9 +1847,8 @@ fn restore_total(
 fn restore_task(
     app: &App,
     consumer: &BaseConsumer,
-    task: &mut Task,
-    stores: &[StoreName],
-    committed: Option<&BTreeMap<String, i64>>,
+    job: &RestoreJob<'_>,
+    chunk_bytes: usize,
     shared: &Shared,
 ) -> Result<RestoreProgress, EngineError> {
     let started = Instant::now();
@@ -1590,7 +1856,7 @@ fn restore_task(
         mode: "upToDate".into(),
         ..Default::default()
     };
-    let id = task.id;
+    let (id, db, stores, committed) = (job.id, job.db, &job.stores, job.committed);
     // Every early return below drops this and so clears the task's restore gauges.
     let gauges = RestoreGauges::start(id);
     let mut plans = Vec::new();
@@ -1599,7 +1865,7 @@ fn restore_task(
         topic,
         plan: p,
         ..
-    } in plan_stores(app, consumer, &task.db, id, stores)?
+    } in plan_stores(app, consumer, db, id, stores)?
     {
         match &p {
             RestorePlan::UpToDate => {}
@@ -1642,19 +1908,20 @@ fn restore_task(
             } => {
                 if wipe {
                     tracing::warn!(task = %id, store = %store, "local store is not a prefix of its changelog: wiping it");
-                    task.db.wipe(&store)?;
+                    db.wipe(&store)?;
                 }
                 (from, to, bulk_load)
             }
         };
         restore_store(
             consumer,
-            task,
+            id,
+            db,
             &store,
             &topic,
             from,
             to,
-            bulk,
+            bulk.then_some(chunk_bytes),
             committed,
             &app.manifest.spec.source.topics,
             &mut total,
@@ -1676,12 +1943,14 @@ fn restore_task(
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     consumer: &BaseConsumer,
-    task: &mut Task,
+    id: TaskId,
+    db: &TaskDb,
     store: &StoreName,
     topic: &str,
     from: i64,
     to: i64,
-    bulk: bool,
+    // A bulk load, in sorted files of about this many bytes each.
+    bulk_chunk: Option<usize>,
     committed: Option<&BTreeMap<String, i64>>,
     source_topics: &[String],
     progress: &mut RestoreProgress,
@@ -1689,10 +1958,10 @@ fn restore_store(
     shared: &Shared,
     gauges: &RestoreGauges,
 ) -> Result<(), EngineError> {
-    let id = task.id;
+    let bulk = bulk_chunk.is_some();
     if from >= to {
         let cp = BTreeMap::from([(store.clone(), to)]);
-        task.db.commit(&[], &cp, &BTreeMap::new())?;
+        db.commit(&[], &cp, &BTreeMap::new())?;
         return Ok(());
     }
     let fail = |message: String| EngineError::Restore {
@@ -1721,7 +1990,7 @@ fn restore_store(
             // checkpoint until it ends and is redone from the start.
             if !bulk {
                 let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
-                task.db.commit(&batch, &cp, &BTreeMap::new())?;
+                db.commit(&batch, &cp, &BTreeMap::new())?;
             }
             consumer.unassign().map_err(|e| fail(e.to_string()))?;
             return Err(EngineError::Stopped);
@@ -1758,8 +2027,8 @@ fn restore_store(
                 if bulk {
                     sorted_bytes += key.len() + value.map_or(0, <[u8]>::len) + 64;
                     sorted.insert(key.to_vec(), value.map(<[u8]>::to_vec));
-                    if sorted_bytes >= INGEST_CHUNK_BYTES {
-                        task.db.ingest_sorted(store, &sorted, files)?;
+                    if bulk_chunk.is_some_and(|chunk| sorted_bytes >= chunk) {
+                        db.ingest_sorted(store, &sorted, files)?;
                         files += 1;
                         sorted.clear();
                         sorted_bytes = 0;
@@ -1768,7 +2037,7 @@ fn restore_store(
                     batch.push(((store.clone(), key.to_vec()), value.map(<[u8]>::to_vec)));
                     if batch.len() >= 10_000 {
                         let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
-                        task.db.commit(&batch, &cp, &BTreeMap::new())?;
+                        db.commit(&batch, &cp, &BTreeMap::new())?;
                         batch.clear();
                     }
                 }
@@ -1782,7 +2051,7 @@ fn restore_store(
                         // applied (a standby continues from there).
                         if !bulk {
                             let cp = BTreeMap::from([(store.clone(), last_offset + 1)]);
-                            task.db.commit(&batch, &cp, &BTreeMap::new())?;
+                            db.commit(&batch, &cp, &BTreeMap::new())?;
                         }
                         consumer.unassign().map_err(|e| fail(e.to_string()))?;
                         return Err(EngineError::Superseded(id));
@@ -1831,13 +2100,13 @@ fn restore_store(
         }
     }
     if bulk {
-        task.db.ingest_sorted(store, &sorted, files)?;
+        db.ingest_sorted(store, &sorted, files)?;
         files += usize::from(!sorted.is_empty());
         progress.ingested_files += files as u64;
     }
     // Checkpoint at the end of what was read: everything before `to` is applied.
     let cp = BTreeMap::from([(store.clone(), to)]);
-    task.db.commit(&batch, &cp, &BTreeMap::new())?;
+    db.commit(&batch, &cp, &BTreeMap::new())?;
     consumer.unassign().map_err(|e| fail(e.to_string()))?;
     progress.remaining = base_remaining.saturating_sub((to - from).max(0) as u64);
     Ok(())

@@ -111,6 +111,11 @@ impl Kafka {
             .set("bootstrap.servers", &self.bootstrap)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
+            // librdkafka's default, read_committed, asks for stable offsets: while an
+            // exactly-once engine keeps a transactional offset commit pending (every
+            // 100 ms) the broker answers UNSTABLE_OFFSET_COMMIT and the read retries
+            // for seconds. The offsets last committed are what is measured here.
+            .set("isolation.level", "read_uncommitted")
             .create()
             .expect("offsets consumer")
     }
