@@ -6,6 +6,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+// glibc's malloc and free took about a fifth of the worker's CPU in W1 (a perf profile
+// in docs/benchmarks.md): every record allocates its key, value and outputs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     version,
