@@ -105,6 +105,19 @@ impl Kafka {
             .collect()
     }
 
+    /// Low watermarks (log start offsets) of partitions 0..n, or None when one cannot be read.
+    /// Compaction never moves them; deleting segments by retention does.
+    pub fn start_offsets(&self, topic: &str, partitions: i32) -> Option<Vec<i64>> {
+        (0..partitions)
+            .map(|p| {
+                self.meta
+                    .fetch_watermarks(topic, p, Duration::from_secs(5))
+                    .ok()
+                    .map(|w| w.0)
+            })
+            .collect()
+    }
+
     /// A consumer that only reads `group`'s committed offsets (it never joins the group).
     pub fn offsets_reader(&self, group: &str) -> BaseConsumer {
         ClientConfig::new()

@@ -420,6 +420,15 @@ public final class KStreamsBench {
     p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, a.getOrDefault("threads", "1"));
     p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, a.getOrDefault("commitMs", "100"));
     p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, a.getOrDefault("cacheBytes", "0"));
+    // A window store's changelog is compact,delete with retention.ms = the store's retention
+    // (size + grace: 10 min in W1) + this margin (1 day by default), and the broker deletes by
+    // record timestamp. The driver's event times start a day before the run, so with the default
+    // the broker deletes the oldest changelog records while the first windows are still open,
+    // and a restore after a crash rebuilds those windows without them (W4 at least once then
+    // under-counts). Seven days, the input topics' retention, keeps the whole changelog.
+    p.put(
+        StreamsConfig.WINDOW_STORE_CHANGE_LOG_ADDITIONAL_RETENTION_MS_CONFIG,
+        a.getOrDefault("changelogExtraRetentionMs", String.valueOf(Duration.ofDays(7).toMillis())));
     for (Map.Entry<String, String> e : a.entrySet()) {
       if (e.getKey().startsWith("prop.")) {
         p.put(e.getKey().substring(5), e.getValue());
