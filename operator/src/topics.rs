@@ -5,6 +5,7 @@
 //! to the user: they are read (partition counts) but never created, altered or deleted.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use oxbow_crds::topics::{
@@ -144,10 +145,38 @@ fn first_failure<T, N>(
     })
 }
 
+fn fetch_partition_counts(
+    admin: &AdminClient<DefaultClientContext>,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Option<i32>>, KafkaError> {
+    let mut out = BTreeMap::new();
+    for topic in topics {
+        // Per topic: a whole-cluster metadata request would grow with the cluster.
+        let md = admin.inner().fetch_metadata(Some(topic), timeout)?;
+        let partitions = match md.topics().iter().find(|t| t.name() == topic) {
+            None => None,
+            Some(t) => match t.error() {
+                None => Some(t.partitions().len() as i32),
+                // Only "unknown topic" means absent; anything else (a leader election
+                // during a broker restart) is transient and must not read as missing.
+                Some(e)
+                    if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition =>
+                {
+                    None
+                }
+                Some(e) => return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::from(e))),
+            },
+        };
+        out.insert(topic.clone(), partitions);
+    }
+    Ok(out)
+}
+
 /// rdkafka's admin client for one Kafka cluster (its inner client answers metadata).
 pub struct KafkaAdmin {
     bootstrap: String,
-    admin: AdminClient<DefaultClientContext>,
+    admin: Arc<AdminClient<DefaultClientContext>>,
     timeout: Duration,
 }
 
@@ -162,7 +191,7 @@ impl KafkaAdmin {
         // Asking for a source topic's metadata must never create it on a broker that
         // auto-creates topics: a typo would become a real topic with default partitions.
         cfg.set("allow.auto.create.topics", "false");
-        let admin = cfg.create().map_err(TopicError::Client)?;
+        let admin = Arc::new(cfg.create().map_err(TopicError::Client)?);
         Ok(Self {
             bootstrap: bootstrap.into(),
             admin,
@@ -188,35 +217,21 @@ impl KafkaAdmin {
         &self,
         topics: &[String],
     ) -> Result<BTreeMap<String, Option<i32>>, TopicError> {
-        let mut out = BTreeMap::new();
-        for topic in topics {
-            // Per topic: a whole-cluster metadata request would grow with the cluster.
-            let md = tokio::task::block_in_place(|| {
-                self.admin.inner().fetch_metadata(Some(topic), self.timeout)
-            })
-            .map_err(|e| self.unreachable(e))?;
-            let partitions = match md.topics().iter().find(|t| t.name() == topic) {
-                None => None,
-                Some(t) => match t.error() {
-                    None => Some(t.partitions().len() as i32),
-                    // Only "unknown topic" means absent; anything else (a leader election
-                    // during a broker restart) is transient and must not read as missing.
-                    Some(e)
-                        if RDKafkaErrorCode::from(e)
-                            == RDKafkaErrorCode::UnknownTopicOrPartition =>
-                    {
-                        None
-                    }
-                    Some(e) => {
-                        return Err(
-                            self.unreachable(KafkaError::MetadataFetch(RDKafkaErrorCode::from(e)))
-                        );
-                    }
-                },
-            };
-            out.insert(topic.clone(), partitions);
-        }
-        Ok(out)
+        let admin = self.admin.clone();
+        let topics = topics.to_vec();
+        let timeout = self.timeout;
+        // librdkafka's metadata call blocks. On the blocking pool (capped in main.rs),
+        // not block_in_place: that hands each caller's worker core to a new thread, and
+        // a burst of reconciliations grew the runtime to a dozen threads, each with its
+        // own malloc arena.
+        let fetched =
+            tokio::task::spawn_blocking(move || fetch_partition_counts(&admin, &topics, timeout))
+                .await
+                .unwrap_or_else(|e| match e.try_into_panic() {
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(_) => Err(KafkaError::Canceled),
+                });
+        fetched.map_err(|e| self.unreachable(e))
     }
 
     /// Partitions and the configs named in `keys` of each topic that exists.
