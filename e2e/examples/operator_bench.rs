@@ -83,6 +83,30 @@ fn read_mem(pid: u32) -> Mem {
     }
 }
 
+/// `name × count` of the process's threads, and how many of its descriptors are sockets
+/// (mostly connections to the API server and Kafka).
+fn threads_and_sockets(pid: u32) -> String {
+    let mut names: std::collections::BTreeMap<String, usize> = Default::default();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+    {
+        if let Ok(comm) =
+            std::fs::read_to_string(task.map(|t| t.path().join("comm")).unwrap_or_default())
+        {
+            *names.entry(comm.trim().to_string()).or_default() += 1;
+        }
+    }
+    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count();
+    let threads: Vec<String> = names.iter().map(|(n, c)| format!("{n} × {c}")).collect();
+    format!("threads {}; {sockets} sockets", threads.join(", "))
+}
+
 fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
@@ -226,6 +250,9 @@ struct RunResult {
     all_ready_secs: f64,
     idle: Mem,
     idle_peak_rss_kib: u64,
+    /// Threads by name and the number of open sockets, read at the end of the idle
+    /// sampling: what the memory of an idle operator goes with.
+    threads_sockets: String,
     cpu_to_ready: f64,
     cpu_idle: f64,
     idle_secs: u64,
@@ -331,6 +358,7 @@ async fn run_mode(
     );
     let cpu1 = cpu_secs(pid, tck);
     let (idle, idle_peak_rss_kib) = sample_idle(pid, idle_secs).await;
+    let threads_sockets = threads_and_sockets(pid);
     let cpu_idle = cpu_secs(pid, tck) - cpu1;
 
     // Delete this run's apps (the operator's finalizer removes their topics) and wait.
@@ -351,6 +379,7 @@ async fn run_mode(
         all_ready_secs,
         idle,
         idle_peak_rss_kib,
+        threads_sockets,
         cpu_to_ready,
         cpu_idle,
         idle_secs,
@@ -532,6 +561,7 @@ async fn main() {
             r.idle.threads,
             mib(r.after_delete.rss_kib)
         );
+        println!("{}: at the end of idle: {}", r.mode, r.threads_sockets);
     }
     println!(
         "operator total: {cpu_total:.2} CPU s, VmHWM {:.1} MiB, final VmRSS {:.1} MiB",
