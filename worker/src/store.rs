@@ -79,6 +79,11 @@ impl SharedMemory {
         o.create_if_missing(true);
         o.create_missing_column_families(true);
         o.set_write_buffer_manager(&self.write_buffers);
+        // RocksDB's 64 MiB memtable per column family let every task's memtable grow
+        // towards the whole manager's share before a flush, so the worker's memory rose
+        // with the input until the budget was reached. 16 MiB (Kafka Streams' size too)
+        // flushes sooner; the budget still caps the total.
+        o.set_write_buffer_size(16 << 20);
         o.set_compression_type(rocksdb::DBCompressionType::Lz4);
         o.set_max_background_jobs(2);
         let mut t = BlockBasedOptions::default();

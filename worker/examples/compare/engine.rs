@@ -415,7 +415,9 @@ impl Proc {
                     r.records += x["restored"].as_f64().unwrap_or(0.0)
                         + x["skipped"].as_f64().unwrap_or(0.0);
                     r.skipped += x["skipped"].as_f64().unwrap_or(0.0);
-                    r.seconds += x["seconds"].as_f64().unwrap_or(0.0);
+                    // Tasks restore side by side and each counts from the start of
+                    // the batch: the slowest one is the wall time.
+                    r.seconds = r.seconds.max(x["seconds"].as_f64().unwrap_or(0.0));
                     if let Some(m) = x["mode"].as_str() {
                         modes.insert(m.split([' ', '(']).next().unwrap_or(m).to_string());
                     }
