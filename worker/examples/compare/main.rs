@@ -478,13 +478,20 @@ impl Bench {
         let mut oxbow_resume = None;
         let w = &format!("W4 crash ({})", g.label());
         for (kind, static_membership) in variants {
-            let Some((resume, running, r, over)) =
+            let Some((resume, first, running, r, over)) =
                 self.crash_once(input, expected, ends, kind, static_membership, g)
             else {
                 continue;
             };
             if static_membership {
-                if let Some(o) = oxbow_resume {
+                if let Some((o, of)) = oxbow_resume {
+                    self.report.add(
+                        w,
+                        "first commit seconds, Kafka Streams with static membership",
+                        Better::Lower,
+                        Kind::Oxbow,
+                        of,
+                    );
                     self.report.add(
                         w,
                         "resume seconds, Kafka Streams with static membership",
@@ -495,6 +502,13 @@ impl Bench {
                 }
                 self.report.add(
                     w,
+                    "first commit seconds, Kafka Streams with static membership",
+                    Better::Lower,
+                    kind,
+                    first,
+                );
+                self.report.add(
+                    w,
                     "resume seconds, Kafka Streams with static membership",
                     Better::Lower,
                     kind,
@@ -503,8 +517,15 @@ impl Bench {
                 continue;
             }
             if kind == Kind::Oxbow {
-                oxbow_resume = Some(resume);
+                oxbow_resume = Some((resume, first));
             }
+            self.report.add(
+                w,
+                "first commit seconds (processing resumed)",
+                Better::Lower,
+                kind,
+                first,
+            );
             self.report
                 .add(w, "resume seconds", Better::Lower, kind, resume);
             self.report.add(
@@ -536,7 +557,8 @@ impl Bench {
     }
 
     /// W1 at `g`, SIGKILL half-way, restart on the same state: (seconds until every
-    /// partition commits again, seconds until the engine reports running, the restore,
+    /// partition commits again, until any partition does, until the engine reports
+    /// running, the restore,
     /// the (key, window)s whose final aggregate counts records twice).
     fn crash_once(
         &mut self,
@@ -546,7 +568,7 @@ impl Bench {
         kind: Kind,
         static_membership: bool,
         g: Guarantee,
-    ) -> Option<(f64, f64, engine::Restore, usize)> {
+    ) -> Option<(f64, f64, f64, engine::Restore, usize)> {
         let total: i64 = ends.iter().sum();
         let variant = if static_membership { "-static" } else { "" };
         let w = if g == Guarantee::Eos { "w4" } else { "w4alos" };
@@ -588,15 +610,20 @@ impl Bench {
         let at_kill = committed(&reader, input, self.cfg.partitions);
         let restarted = Instant::now();
         let mut p = spawn(&self.setup, &s);
-        let resumed = (|| -> Result<(f64, f64, engine::Restore), String> {
+        let resumed = (|| -> Result<(f64, f64, f64, engine::Restore), String> {
             let deadline = Instant::now() + LONG;
             let mut running = None;
+            let mut first = None;
             loop {
                 p.alive()?;
                 if running.is_none() && p.is_running() {
                     running = Some(restarted.elapsed().as_secs_f64());
                 }
                 let now = committed(&reader, input, self.cfg.partitions);
+                // Processing has resumed once any partition commits past the kill.
+                if first.is_none() && now.iter().zip(&at_kill).any(|(n, k)| n > k) {
+                    first = Some(restarted.elapsed().as_secs_f64());
+                }
                 if now
                     .iter()
                     .zip(&at_kill)
@@ -614,13 +641,13 @@ impl Bench {
             let running = running.unwrap_or(secs);
             let r = p.restore(0, LONG)?;
             wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
-            Ok((secs, running, r))
+            Ok((secs, first.unwrap_or(secs), running, r))
         })();
         if resumed.is_err() {
             eprintln!("{}", p.log_tail());
         }
         p.stop();
-        let (secs, running, r) = match resumed {
+        let (secs, first, running, r) = match resumed {
             Ok(x) => x,
             Err(e) => {
                 self.report.check(format!("{label}: {e}"), false);
@@ -684,7 +711,7 @@ impl Bench {
         };
         self.report.check(
             format!(
-                "{label}: running {running:.2} s and committing on every partition {secs:.2} s after the restart, {:.0} changelog records replayed{skipped} ({}); expected {promise}: {} outputs for {} inputs, {} (key, window)s, {} over-counted ({} records counted twice){}",
+                "{label}: running {running:.2} s, committing again {first:.2} s and on every partition {secs:.2} s after the restart, {:.0} changelog records replayed{skipped} ({}); expected {promise}: {} outputs for {} inputs, {} (key, window)s, {} over-counted ({} records counted twice){}",
                 r.records,
                 r.mode,
                 o.outputs,
@@ -696,7 +723,7 @@ impl Bench {
             ),
             ok,
         );
-        ok.then_some((secs, running, r, o.over))
+        ok.then_some((secs, first, running, r, o.over))
     }
 
     /// W1 at a fixed rate: latency from the input's timestamp (the producer's clock) to the
