@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 #[test]
 fn committed_reference_matches_the_schema() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = PathBuf::from(manifest_dir()).join("..");
     let path = root.join(oxbow_crds::reference::REFERENCE_PATH);
     let want = oxbow_crds::reference::streamapp_fields_md();
     if std::env::var_os("OXBOW_UPDATE_REFERENCE").is_some() {
@@ -65,4 +65,12 @@ fn every_spec_and_status_field_has_a_description() {
         missing.is_empty(),
         "fields without a description (add a doc comment in crds/src/streamapp.rs): {missing:?}"
     );
+}
+
+/// This crate's directory. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test too, and
+/// that value is the checkout being tested: the compile-time one is wherever the binary
+/// was built, and a target directory shared by two checkouts (CI's clone and a working
+/// copy) hands one checkout's test binaries to the other when the sources match.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

@@ -257,7 +257,7 @@ pub fn wait_streamapp_ready(ns: &str, name: &str, timeout: &str) -> Result<(), S
 
 /// The workspace root (for committed manifests such as the CRD).
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    PathBuf::from(manifest_dir()).join("..")
 }
 
 fn target_dir() -> PathBuf {
@@ -671,4 +671,12 @@ spec:
         })
         .await
     }
+}
+
+/// This crate's directory. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test too, and
+/// that value is the checkout being tested: the compile-time one is wherever the binary
+/// was built, and a target directory shared by two checkouts (CI's clone and a working
+/// copy) hands one checkout's test binaries to the other when the sources match.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

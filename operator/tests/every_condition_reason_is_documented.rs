@@ -10,7 +10,7 @@ use oxbow_operator::controller::event_reason;
 use oxbow_operator::status::reason;
 
 fn doc() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/streamapp.md");
+    let path = PathBuf::from(manifest_dir()).join("../docs/streamapp.md");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
@@ -131,4 +131,12 @@ fn every_event_reason_is_documented() {
         documented, code,
         "the Events table of docs/streamapp.md must list exactly controller::event_reason::ALL"
     );
+}
+
+/// This crate's directory. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test too, and
+/// that value is the checkout being tested: the compile-time one is wherever the binary
+/// was built, and a target directory shared by two checkouts (CI's clone and a working
+/// copy) hands one checkout's test binaries to the other when the sources match.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }
