@@ -1588,30 +1588,41 @@ fn end_transactions(
         }
         Ok(())
     }
-    let mut work: Vec<_> = producers
+    let work: Vec<_> = producers
         .iter_mut()
-        .filter_map(|(id, (p, in_txn))| Some((*id, &*p, in_txn, &commits.get(id)?.0)))
+        .filter_map(|(id, (p, in_txn))| Some((*id, (&*p, in_txn, &commits.get(id)?.0))))
         .collect();
-    if work.len() <= 1 {
-        return work
-            .into_iter()
-            .map(|(id, p, in_txn, c)| (id, end(id, p, in_txn, c, gm)))
-            .collect();
+    // A panic in librdkafka's bindings is a bug; the task's commit is then unknown,
+    // which a restart resolves by fencing and restoring.
+    side_by_side(work, "ending the transaction", |id, (p, in_txn, c)| {
+        end(id, p, in_txn, c, gm)
+    })
+}
+
+/// Runs `f` on each task's item, on a thread per task when there are several, and
+/// returns the results in the items' order. A thread that panics gives an error for
+/// its task naming `what` it was doing.
+fn side_by_side<I: Send, R: Send>(
+    items: Vec<(TaskId, I)>,
+    what: &str,
+    f: impl Fn(TaskId, I) -> Result<R, EngineError> + Sync,
+) -> Vec<(TaskId, Result<R, EngineError>)> {
+    if items.len() <= 1 {
+        return items.into_iter().map(|(id, i)| (id, f(id, i))).collect();
     }
+    let f = &f;
     std::thread::scope(|s| {
-        let handles: Vec<_> = work
-            .drain(..)
-            .map(|(id, p, in_txn, c)| (id, s.spawn(move || end(id, p, in_txn, c, gm))))
+        let handles: Vec<_> = items
+            .into_iter()
+            .map(|(id, i)| (id, s.spawn(move || f(id, i))))
             .collect();
         handles
             .into_iter()
             .map(|(id, h)| {
-                // A panic in librdkafka's bindings is a bug; the task's commit is then
-                // unknown, which a restart resolves by fencing and restoring.
                 let r = h.join().unwrap_or_else(|_| {
                     Err(EngineError::Init {
                         task: id,
-                        message: "the thread ending the transaction panicked".into(),
+                        message: format!("the thread {what} panicked"),
                     })
                 });
                 (id, r)
@@ -1663,7 +1674,8 @@ fn init_producers(
     tracker: &Arc<Tracker>,
     ids: &[TaskId],
 ) -> Result<Vec<(TaskId, KProducer)>, EngineError> {
-    let init = |id: TaskId| -> Result<(TaskId, KProducer), EngineError> {
+    let items = ids.iter().map(|id| (*id, ())).collect();
+    side_by_side(items, "initialising the task's producer", |id, ()| {
         let tid = app.manifest.transactional_id(id);
         let p = producer(app, tracker, Some(&tid))?;
         p.init_transactions(KAFKA_TIMEOUT)
@@ -1671,28 +1683,11 @@ fn init_producers(
                 transactional_id: tid.clone(),
                 source,
             })?;
-        Ok((id, p))
-    };
-    if ids.len() <= 1 {
-        return ids.iter().map(|id| init(*id)).collect();
-    }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ids
-            .iter()
-            .map(|id| (*id, s.spawn(move || init(*id))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|(id, h)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(EngineError::Init {
-                        task: id,
-                        message: "the thread initialising the task's producer panicked".into(),
-                    })
-                })
-            })
-            .collect()
+        Ok(p)
     })
+    .into_iter()
+    .map(|(id, r)| r.map(|p| (id, p)))
+    .collect()
 }
 
 /// Restores the tasks of `jobs`, up to `RESTORE_THREADS` at a time, and returns each
