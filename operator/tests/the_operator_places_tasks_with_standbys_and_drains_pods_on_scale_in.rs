@@ -298,9 +298,18 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
         Duration::from_secs(60),
         || async {
             let app = api.get(&name).await.map_err(|e| e.to_string())?;
+            // Restored turns False on the first restoring report; the figures below
+            // need every pod's report aggregated, which can take another reconcile.
+            let total = app
+                .status
+                .as_ref()
+                .and_then(|s| s.restoration.as_ref())
+                .map(|r| r.total_records);
             match apps::condition(&app, "Restored") {
-                Some((s, r, m)) if s == "False" && r == "Restoring" => Ok((app, m)),
-                other => Err(format!("Restored: {other:?}")),
+                Some((s, r, m)) if s == "False" && r == "Restoring" && total == Some(2000) => {
+                    Ok((app, m))
+                }
+                other => Err(format!("Restored: {other:?}, total records {total:?}")),
             }
         },
     )

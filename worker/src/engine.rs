@@ -2019,8 +2019,14 @@ fn restore_store(
                 if m.offset() >= to {
                     break;
                 }
-                flowing_since
-                    .get_or_insert_with(|| (Instant::now(), progress.restored + progress.skipped));
+                if flowing_since.is_none() {
+                    flowing_since = Some((Instant::now(), progress.restored + progress.skipped));
+                    // The first report then comes when a rate can be given: with a tick
+                    // counted from the assignment instead, the first report of a
+                    // concurrent bulk load fell just short of the half second, the next
+                    // behind a long ingestion, and the ETA never showed.
+                    last_progress = Instant::now();
+                }
                 last_offset = m.offset();
                 let header = source_of(&m);
                 if let Some(committed) = committed
