@@ -216,12 +216,19 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
             samples.iter().rev().take(3).collect::<Vec<_>>(),
             operator.logs()
         );
-        let Ok(column) = restored_column(&n, &name) else {
-            continue;
-        };
         let Ok(a) = api.get(&name).await else {
             continue;
         };
+        let Ok(column) = restored_column(&n, &name) else {
+            continue;
+        };
+        // kubectl's column and the object are two reads: a status written between them
+        // would pair one version's column with another's figures. Such a sample is
+        // dropped, not judged.
+        match api.get(&name).await {
+            Ok(again) if again.metadata.resource_version == a.metadata.resource_version => {}
+            _ => continue,
+        }
         let st = a.status.clone().unwrap_or_default();
         if refused_while_restoring.is_none()
             && st
