@@ -19,7 +19,7 @@ pub enum AssignmentError {
 
 /// The tasks instance `instance` of `instances` runs in standalone mode.
 pub fn standalone(
-    tasks: u32,
+    tasks: &[TaskId],
     instance: u32,
     instances: u32,
 ) -> Result<Vec<TaskId>, AssignmentError> {
@@ -32,9 +32,10 @@ pub fn standalone(
             instances,
         });
     }
-    Ok((0..tasks)
-        .filter(|t| t % instances == instance)
-        .map(TaskId)
+    Ok(tasks
+        .iter()
+        .filter(|t| t.partition % instances == instance)
+        .copied()
         .collect())
 }
 
@@ -92,7 +93,10 @@ impl Assignment {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
+    /// Tasks per stage (the source partition count).
     pub tasks: u32,
+    /// Sub-topologies: every stage has `tasks` tasks.
+    pub stages: u32,
     pub standby_replicas: u32,
     /// A warming standby takes the active over once its lag is at most this.
     pub warmup_max_lag: i64,
@@ -155,7 +159,7 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
     let mut load: BTreeMap<String, usize> = targets.iter().map(|f| (f.pod.clone(), 0)).collect();
     let mut orphans = Vec::new();
     let mut draining = Vec::new();
-    for t in (0..p.tasks).map(TaskId) {
+    for t in TaskId::all(p.stages, p.tasks) {
         // An active without a warm copy (restarted on an empty volume, or not reporting
         // yet) gives way to a pod whose copy is warm: processing resumes there at once
         // instead of waiting for a restore. It is the failover of a lost volume.
@@ -281,7 +285,7 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         .div_ceil(targets.len().max(1))
         .max(1);
     let mut tasks = BTreeMap::new();
-    for t in (0..p.tasks).map(TaskId) {
+    for t in TaskId::all(p.stages, p.tasks) {
         let act = active.get(&t).cloned().unwrap_or_default();
         let room = targets.len() - usize::from(is_target(&act));
         let mut standbys: Vec<String> = Vec::new();
@@ -355,12 +359,15 @@ mod tests {
     #[test]
     fn every_task_has_exactly_one_standalone_owner() {
         for instances in 1..6 {
-            let mut owners = vec![0; 13];
+            let tasks: Vec<TaskId> = TaskId::all(2, 13).collect();
+            let mut owners = BTreeMap::new();
             for i in 0..instances {
-                for t in standalone(13, i, instances).expect("valid") {
-                    owners[t.0 as usize] += 1;
+                for t in standalone(&tasks, i, instances).expect("valid") {
+                    *owners.entry(t).or_insert(0) += 1;
                 }
             }
+            assert_eq!(owners.len(), tasks.len(), "every task has an owner");
+            let owners: Vec<i32> = owners.into_values().collect();
             assert!(owners.iter().all(|n| *n == 1), "{instances}: {owners:?}");
         }
     }
@@ -368,13 +375,16 @@ mod tests {
     #[test]
     fn an_instance_beyond_the_count_is_rejected() {
         assert_eq!(
-            standalone(4, 2, 2),
+            standalone(&[TaskId::new(0, 0)], 2, 2),
             Err(AssignmentError::InstanceOutOfRange {
                 instance: 2,
                 instances: 2
             })
         );
-        assert_eq!(standalone(4, 0, 0), Err(AssignmentError::NoInstances));
+        assert_eq!(
+            standalone(&[TaskId::new(0, 0)], 0, 0),
+            Err(AssignmentError::NoInstances)
+        );
     }
 
     struct Rng(u64);
@@ -387,15 +397,15 @@ mod tests {
         }
     }
 
-    fn pods(rng: &mut Rng, count: usize, tasks: u32) -> Vec<PodFacts> {
+    fn pods(rng: &mut Rng, count: usize, p: Params) -> Vec<PodFacts> {
         let mut out = Vec::new();
         for i in 0..count {
             let eligible = rng.below(5) != 0;
             let draining = rng.below(4) == 0;
             let mut state_lag = BTreeMap::new();
-            for t in 0..tasks {
+            for t in TaskId::all(p.stages, p.tasks) {
                 if rng.below(3) == 0 {
-                    state_lag.insert(TaskId(t), rng.below(3) as i64 * 500);
+                    state_lag.insert(t, rng.below(3) as i64 * 500);
                 }
             }
             out.push(PodFacts {
@@ -495,15 +505,16 @@ mod tests {
         for _ in 0..2000 {
             let p = Params {
                 tasks: 1 + rng.below(24) as u32,
+                stages: 1 + rng.below(3) as u32,
                 standby_replicas: rng.below(3) as u32,
                 warmup_max_lag: 100,
             };
             let n = 1 + rng.below(6) as usize;
-            let before = pods(&mut rng, n, p.tasks);
+            let before = pods(&mut rng, n, p);
             let prev = next(None, &before, p);
             check(&prev, &before, p);
             let n = 1 + rng.below(6) as usize;
-            let after = pods(&mut rng, n, p.tasks);
+            let after = pods(&mut rng, n, p);
             let a = next(Some(&prev), &after, p);
             check(&a, &after, p);
             assert!(
@@ -581,6 +592,7 @@ mod tests {
     fn pods_that_joined_late_end_with_their_share_of_actives_and_standbys() {
         let p = Params {
             tasks: 12,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 100,
         };
@@ -619,6 +631,7 @@ mod tests {
     fn an_active_back_on_an_empty_volume_gives_way_to_its_warm_standby() {
         let p = Params {
             tasks: 6,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 100,
         };
@@ -657,6 +670,7 @@ mod tests {
     fn losing_a_pod_moves_only_its_tasks_to_the_freshest_standbys() {
         let p = Params {
             tasks: 6,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 0,
         };
@@ -690,6 +704,7 @@ mod tests {
     fn a_new_pod_warms_up_as_a_standby_before_it_takes_tasks_over() {
         let p = Params {
             tasks: 4,
+            stages: 1,
             standby_replicas: 0,
             warmup_max_lag: 100,
         };
@@ -733,6 +748,7 @@ mod tests {
     fn a_task_whose_owner_reports_no_state_moves_without_waiting_for_a_warm_up() {
         let p = Params {
             tasks: 4,
+            stages: 1,
             standby_replicas: 0,
             warmup_max_lag: 100,
         };
@@ -752,6 +768,7 @@ mod tests {
     fn scaling_in_from_four_to_two_warms_up_then_empties_the_draining_pods() {
         let p = Params {
             tasks: 8,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 100,
         };
@@ -828,6 +845,7 @@ mod tests {
         for _ in 0..500 {
             let p = Params {
                 tasks: 1 + rng.below(24) as u32,
+                stages: 1 + rng.below(3) as u32,
                 standby_replicas: rng.below(3) as u32,
                 warmup_max_lag: 100,
             };
@@ -863,6 +881,7 @@ mod tests {
     fn with_no_eligible_pod_the_last_assignment_stands() {
         let p = Params {
             tasks: 2,
+            stages: 1,
             standby_replicas: 0,
             warmup_max_lag: 0,
         };
@@ -878,6 +897,7 @@ mod tests {
     fn when_every_pod_drains_they_keep_their_tasks() {
         let p = Params {
             tasks: 3,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 0,
         };
@@ -894,6 +914,7 @@ mod tests {
     fn a_new_pod_list_is_a_new_generation() {
         let p = Params {
             tasks: 2,
+            stages: 1,
             standby_replicas: 0,
             warmup_max_lag: 0,
         };
@@ -920,6 +941,7 @@ mod tests {
             &up(&["a", "b"]),
             Params {
                 tasks: 3,
+                stages: 1,
                 standby_replicas: 1,
                 warmup_max_lag: 0,
             },

@@ -11,6 +11,7 @@ pub mod names;
 pub mod reference;
 pub mod streamapp;
 pub mod topics;
+pub mod topology;
 pub mod validate;
 
 pub use names::{StoreName, TaskId};

@@ -2,20 +2,94 @@
 //!
 //! Kafka names follow Kafka Streams so existing tooling keeps working: consumer group =
 //! applicationId, changelog = `<applicationId>-<store>-changelog`, transactional id =
-//! `<applicationId>-<task>`, DLQ = `<applicationId>-dlq`.
+//! `<applicationId>-<task>` (task `0_3`), repartition topic =
+//! `<applicationId>-<step>-repartition`, DLQ = `<applicationId>-dlq`.
 
 use crate::streamapp::StreamApp;
 use kube::ResourceExt;
 
-/// A task: one partition number of the co-partitioned source topics.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-pub struct TaskId(pub u32);
+/// A task: one partition of one sub-topology (stage), Kafka Streams' `<stage>_<partition>`.
+/// Stage 0 reads partition N of the co-partitioned source topics; stage S > 0 reads
+/// partition N of the repartition topic in front of it (see [`crate::topology`]). Its
+/// text form is `0_3`; `3` is read as `0_3` (assignments and status written before
+/// stages existed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId {
+    pub stage: u32,
+    pub partition: u32,
+}
+
+impl TaskId {
+    pub const fn new(stage: u32, partition: u32) -> Self {
+        Self { stage, partition }
+    }
+
+    /// Every task of a topology with `stages` stages of `partitions` tasks each, in order.
+    pub fn all(stages: u32, partitions: u32) -> impl Iterator<Item = TaskId> {
+        (0..stages).flat_map(move |s| (0..partitions).map(move |p| TaskId::new(s, p)))
+    }
+
+    /// The Kafka partition this task reads and writes (source or repartition topic,
+    /// changelogs of its stores).
+    pub fn kafka_partition(&self) -> i32 {
+        self.partition as i32
+    }
+}
 
 impl std::fmt::Display for TaskId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
+        write!(f, "{}_{}", self.stage, self.partition)
+    }
+}
+
+/// A task id that is neither `<stage>_<partition>` nor a bare partition number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a task id: expected <stage>_<partition> such as 0_3 or 1_0")]
+pub struct BadTaskId(pub String);
+
+impl std::str::FromStr for TaskId {
+    type Err = BadTaskId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadTaskId(s.to_string());
+        match s.split_once('_') {
+            Some((st, p)) => Ok(TaskId::new(
+                st.parse().map_err(|_| bad())?,
+                p.parse().map_err(|_| bad())?,
+            )),
+            None => Ok(TaskId::new(0, s.parse().map_err(|_| bad())?)),
+        }
+    }
+}
+
+impl serde::Serialize for TaskId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TaskId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = TaskId;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a task id such as \"0_3\" (or a partition number)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TaskId, E> {
+                v.parse().map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TaskId, E> {
+                u32::try_from(v)
+                    .map(|p| TaskId::new(0, p))
+                    .map_err(|_| E::custom(format!("task {v} is out of range")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TaskId, E> {
+                u32::try_from(v)
+                    .map(|p| TaskId::new(0, p))
+                    .map_err(|_| E::custom(format!("task {v} is out of range")))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -90,4 +164,9 @@ impl StreamApp {
 
 pub fn changelog_topic(application_id: &str, store: &StoreName) -> String {
     format!("{application_id}-{store}-changelog")
+}
+
+/// The internal topic in front of a keyed step that repartitions (Kafka Streams' name).
+pub fn repartition_topic(application_id: &str, step: &str) -> String {
+    format!("{application_id}-{step}-repartition")
 }

@@ -98,6 +98,7 @@ pub struct StreamAppSpec {
     /// Per-store settings, keyed by store name. Changelog settings default sensibly.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 32))]
+    #[x_kube(validation = Rule::new("self.all(k, k != 'true' && k != 'false')").message("a store is named true or false in spec.stores: kubectl reads an unquoted key n, y, no, yes, on or off as a YAML 1.1 boolean; quote the key"))]
     pub stores: BTreeMap<String, StoreSpec>,
 
     /// `Report`: topic config that differs from what the spec wants is reported in
@@ -194,6 +195,15 @@ pub struct SourceSpec {
     /// (and `consistent_random`'s keyed case); `fnv1a` is librdkafka's `fnv1a`.
     #[serde(default)]
     pub partitioner: Partitioner,
+    /// A promise that the source topics are already partitioned by this CEL expression
+    /// (over `key` and `value`): the producers chose each record's partition with
+    /// `partitioner` applied to the expression's value. A keyed step (`aggregate`,
+    /// `dedupe`, `batch` with `groupBy`) whose key is written the same way then runs
+    /// without a repartition topic. Every record is checked: one whose partition breaks
+    /// the promise goes to `errors.policy` with reason `NotPartitionedAsDeclared`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub partitioned_by: Option<String>,
 }
 
 /// A producer's key → partition function (see `SourceSpec.partitioner`).
@@ -219,9 +229,13 @@ fn json_format() -> RecordFormat {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("(has(self.filter) ? 1 : 0) + (has(self.map) ? 1 : 0) + (has(self.flatMap) ? 1 : 0) + (has(self.dedupe) ? 1 : 0) + (has(self.aggregate) ? 1 : 0) + (has(self.batch) ? 1 : 0) == 1").message("each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch"))]
 pub struct Step {
-    /// A name for this step in errors, metrics and dead-letter headers. Default: its kind
-    /// and position (`filter-2`).
+    /// A name for this step in errors, metrics and dead-letter headers (default: its kind
+    /// and position, `filter-2`). A keyed step that repartitions names its topic
+    /// `<applicationId>-<name>-repartition`; without a name its store's name is used, so
+    /// inserting a step elsewhere does not rename the topic. Unique among the steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 100))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 100").message("step names may use letters, digits, '.', '_' and '-' (at most 100): a repartitioning step's name becomes part of a topic name"))]
     pub name: Option<String>,
     /// Keep records for which the CEL expression is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,6 +313,7 @@ pub struct AggregateStep {
     pub window: Option<WindowSpec>,
     /// Output fields, each one aggregation.
     #[schemars(extend("minProperties" = 1, "maxProperties" = 16))]
+    #[x_kube(validation = Rule::new("self.all(k, k != 'true' && k != 'false')").message("an aggregate field is named true or false: kubectl reads an unquoted key n, y, no, yes, on or off as a YAML 1.1 boolean; quote the key, for example \"n\": {count: {}}"))]
     pub fields: BTreeMap<String, AggregateField>,
     /// `onUpdate`: a record per change. `onWindowClose`: one final record per key and
     /// window once stream time passes the window end plus grace.
@@ -589,7 +604,8 @@ pub struct StreamAppStatus {
     /// Label selector of the worker pods (for the scale subresource).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
-    /// Tasks: the partition count of the source topics.
+    /// Tasks over all stages: the partition count of the source topics times the
+    /// stages (one more per repartition topic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<i32>,
     /// Summed consumer lag over all active tasks, from the workers' reports.
@@ -649,12 +665,13 @@ pub struct InstanceStatus {
     /// host:port for queries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
-    /// Tasks (source partitions) this pod processes.
+    /// Tasks this pod processes, as `<stage>_<partition>` (`0_3`: partition 3 of the
+    /// source topics; `1_3`: partition 3 of the first repartition topic).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub active_tasks: Vec<i32>,
+    pub active_tasks: Vec<String>,
     /// Tasks whose state this pod keeps warm from the changelogs, ready to take over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub standby_tasks: Vec<i32>,
+    pub standby_tasks: Vec<String>,
     /// Changelog records still to restore before the active tasks can run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_remaining: Option<i64>,

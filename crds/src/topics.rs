@@ -1,5 +1,6 @@
 //! The Kafka topics a StreamApp needs besides its sources: a compacted changelog per
-//! store and the dead-letter topic. Pure: both the operator (which reconciles them) and
+//! store, a repartition topic in front of each stage after the first, and the
+//! dead-letter topic. Pure: both the operator (which reconciles them) and
 //! a standalone worker (which creates missing ones) derive them from here.
 
 use std::collections::BTreeMap;
@@ -14,10 +15,14 @@ pub const DEFAULT_DIRTY_RATIO: &str = "0.1";
 /// Default `segment.ms` of changelogs: the active segment is never compacted, so it is
 /// rolled hourly instead of weekly.
 pub const DEFAULT_SEGMENT_MS: u64 = 3_600_000;
+/// `segment.ms` of repartition topics (Kafka Streams' 10 minutes): deleted records free
+/// their space only when their whole segment is behind the log start.
+pub const REPARTITION_SEGMENT_MS: u64 = 600_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
     Changelog,
+    Repartition,
     DeadLetter,
 }
 
@@ -25,6 +30,7 @@ impl Role {
     pub fn as_str(&self) -> &'static str {
         match self {
             Role::Changelog => "changelog",
+            Role::Repartition => "repartition",
             Role::DeadLetter => "deadLetter",
         }
     }
@@ -77,6 +83,25 @@ pub fn wanted_topics(app: &StreamApp, tasks: i32) -> Vec<WantedTopic> {
             partitions: tasks,
             replication_factor: cfg.replication_factor,
             configs,
+        });
+    }
+    // Records wait here only until the next stage has committed past them (it deletes
+    // what it consumed), so time and size retention stay off: a stopped app must not
+    // lose records it has not processed. Segments roll often so deletions free space.
+    let topology = crate::topology::Topology::of(&app.application_id(), &app.spec);
+    for (_, topic) in topology.repartition_topics() {
+        out.push(WantedTopic {
+            name: topic.to_string(),
+            role: Role::Repartition,
+            store: None,
+            partitions: tasks,
+            replication_factor: None,
+            configs: BTreeMap::from([
+                ("cleanup.policy".to_string(), "delete".to_string()),
+                ("retention.ms".to_string(), "-1".to_string()),
+                ("retention.bytes".to_string(), "-1".to_string()),
+                ("segment.ms".to_string(), REPARTITION_SEGMENT_MS.to_string()),
+            ]),
         });
     }
     if let Some(dlq) = app.dead_letter_topic() {

@@ -51,6 +51,29 @@ pub enum ValidationError {
         describe_counts(counts)
     )]
     NotCoPartitioned { counts: BTreeMap<String, i32> },
+    #[error("{path}: step name {name:?} is also the name of {other}: step names must be unique")]
+    DuplicateStepName {
+        path: String,
+        name: String,
+        other: String,
+    },
+    #[error(
+        "{path}: step {step} repartitions through topic {topic:?}, which is also {other}; give the step another name"
+    )]
+    TopicCollision {
+        path: String,
+        step: String,
+        topic: String,
+        other: String,
+    },
+    #[error(
+        "{path}: the key {key:?} reads as a YAML 1.1 boolean: kubectl parses an unquoted n, y, no, yes, on or off as false or true, so this {what} would be named {key:?}; quote the key in the manifest (for example \"n\": {{count: {{}}}})"
+    )]
+    YamlBooleanKey {
+        path: String,
+        key: String,
+        what: &'static str,
+    },
 }
 
 impl ValidationError {
@@ -63,6 +86,9 @@ impl ValidationError {
             Self::UnusedStoreSettings { .. } => "UnusedStoreSettings",
             Self::SourceTopicsMissing { .. } => "SourceTopicsMissing",
             Self::NotCoPartitioned { .. } => "SourceTopicsNotCoPartitioned",
+            Self::DuplicateStepName { .. } => "DuplicateStepName",
+            Self::TopicCollision { .. } => "TopicCollision",
+            Self::YamlBooleanKey { .. } => "YamlBooleanKey",
         }
     }
 }
@@ -187,6 +213,10 @@ pub fn expressions(spec: &StreamAppSpec) -> Vec<(String, String)> {
         }
     };
     push("spec.source.timestamp".into(), &spec.source.timestamp);
+    push(
+        "spec.source.partitionedBy".into(),
+        &spec.source.partitioned_by,
+    );
     for (i, s) in spec.steps.iter().enumerate() {
         let p = format!("spec.steps[{i}]");
         if let Some(f) = &s.filter {
@@ -272,6 +302,14 @@ fn durations(spec: &StreamAppSpec) -> Vec<(String, String)> {
     out
 }
 
+/// [`validate_spec`], plus what needs the application id: repartition topics that
+/// would be a source, sink or dead-letter topic.
+pub fn validate_app(app: &crate::StreamApp) -> Vec<ValidationError> {
+    let mut errors = validate_spec(&app.spec);
+    errors.extend(topic_collisions(&app.application_id(), &app.spec, true));
+    errors
+}
+
 /// Checks what only needs the spec. Returns every problem found.
 pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
     let mut errors = Vec::new();
@@ -341,10 +379,104 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
         }
     }
     for store in spec.stores.keys() {
-        if !owner.contains_key(store) {
+        if yaml_boolean(store) {
+            errors.push(ValidationError::YamlBooleanKey {
+                path: format!("spec.stores.{store}"),
+                key: store.clone(),
+                what: "store",
+            });
+        } else if !owner.contains_key(store) {
             errors.push(ValidationError::UnusedStoreSettings {
                 store: store.clone(),
             });
+        }
+    }
+    for (i, s) in spec.steps.iter().enumerate() {
+        for field in s.aggregate.iter().flat_map(|a| a.fields.keys()) {
+            if yaml_boolean(field) {
+                errors.push(ValidationError::YamlBooleanKey {
+                    path: format!("spec.steps[{i}].aggregate.fields.{field}"),
+                    key: field.clone(),
+                    what: "aggregate field",
+                });
+            }
+        }
+    }
+    errors.extend(step_names(spec));
+    errors
+}
+
+/// What YAML 1.1 makes of an unquoted `y`, `n`, `yes`, `no`, `on`, `off`, `true` or
+/// `false` key once kubectl has turned it into JSON.
+fn yaml_boolean(key: &str) -> bool {
+    key == "true" || key == "false"
+}
+
+/// Step names are unique, and no repartition topic is a source, sink or error topic or
+/// another step's repartition topic.
+fn step_names(spec: &StreamAppSpec) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, s) in spec.steps.iter().enumerate() {
+        let label = step_label(i, s);
+        match seen.get(&label) {
+            Some(j) => errors.push(ValidationError::DuplicateStepName {
+                path: format!("spec.steps[{i}].name"),
+                name: label,
+                other: format!("spec.steps[{j}]"),
+            }),
+            None => {
+                seen.insert(label, i);
+            }
+        }
+    }
+    // The application id only prefixes every name: a placeholder finds the same clashes
+    // among repartition topics; against the user's topics the real id is checked by the
+    // caller that knows it (see `topic_collisions`).
+    errors.extend(topic_collisions("<applicationId>", spec, false));
+    errors
+}
+
+/// Repartition topics that clash with each other (`with_user_topics` false), or with a
+/// source, sink or dead-letter topic of the app (true: needs the real application id).
+pub fn topic_collisions(
+    application_id: &str,
+    spec: &StreamAppSpec,
+    with_user_topics: bool,
+) -> Vec<ValidationError> {
+    let topology = crate::topology::Topology::of(application_id, spec);
+    let mut taken: BTreeMap<String, String> = BTreeMap::new();
+    if with_user_topics {
+        for t in &spec.source.topics {
+            taken.insert(t.clone(), "a source topic".into());
+        }
+        if let Some(sink) = &spec.sink {
+            taken.insert(sink.topic.clone(), "the sink topic".into());
+        }
+        if let Some(t) = &spec.errors.topic {
+            taken.insert(t.clone(), "the dead-letter topic".into());
+        }
+    }
+    let mut errors = Vec::new();
+    for (stage, topic) in topology.repartition_topics() {
+        let crate::topology::StageInput::Repartition { step, .. } = &stage.input else {
+            continue;
+        };
+        let path = format!("spec.steps[{}]", stage.steps.start);
+        match taken.get(topic) {
+            Some(other) => errors.push(ValidationError::TopicCollision {
+                path,
+                step: step.clone(),
+                topic: topic.to_string(),
+                other: other.clone(),
+            }),
+            None if !with_user_topics => {
+                taken.insert(
+                    topic.to_string(),
+                    format!("the repartition topic of step {step}"),
+                );
+            }
+            None => {}
         }
     }
     errors
@@ -414,7 +546,7 @@ spec:
             "fraud-seen-changelog"
         );
         assert_eq!(a.dead_letter_topic().as_deref(), Some("fraud-dlq"));
-        assert_eq!(a.transactional_id(crate::TaskId(3)), "fraud-3");
+        assert_eq!(a.transactional_id(crate::TaskId::new(1, 3)), "fraud-1_3");
     }
 
     #[test]

@@ -87,7 +87,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
                 .iter()
                 .filter(|i| i.assignment_generation == Some(a.generation))
                 .filter(|i| {
-                    let mine = |standby: bool| -> Vec<i32> {
+                    let mine = |standby: bool| -> Vec<String> {
                         a.tasks
                             .iter()
                             .filter(|(_, p)| {
@@ -97,7 +97,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
                                     p.active == i.pod
                                 }
                             })
-                            .map(|(t, _)| t.0 as i32)
+                            .map(|(t, _)| t.to_string())
                             .collect()
                     };
                     i.active_tasks == mine(false) && i.standby_tasks == mine(true)
@@ -115,7 +115,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
     for i in &st.instances {
         for t in &i.active_tasks {
             assert!(
-                reported_active.insert(*t, i.pod.clone()).is_none(),
+                reported_active.insert(t.clone(), i.pod.clone()).is_none(),
                 "task {t} reported active twice"
             );
         }
@@ -158,7 +158,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
                 .await
                 .expect("query");
             let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if v["task"] == t.0 {
+            if v["task"] == t.to_string() {
                 found = Some(k.clone());
                 break;
             }

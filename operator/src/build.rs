@@ -779,6 +779,7 @@ spec:
             }],
             oxbow_crds::assignment::Params {
                 tasks: 2,
+                stages: 1,
                 standby_replicas: 0,
                 warmup_max_lag: 0,
             },

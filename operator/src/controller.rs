@@ -21,7 +21,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use oxbow_crds::assignment::Params;
-use oxbow_crds::validate::{task_count, validate_spec};
+use oxbow_crds::validate::{task_count, validate_app};
 use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -533,7 +533,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         })?;
 
     // --- validate (pure).
-    let spec_errors = validate_spec(&app.spec);
+    let spec_errors = validate_app(app);
     let mut kafka_error = None;
     if let (None, Some(r)) = (&secret, &app.spec.kafka.secret_ref) {
         source_problem = Some(Verdict::stalled(
@@ -594,6 +594,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             &previous.instances,
             Params {
                 tasks: u32::try_from(n).unwrap_or(0),
+                stages: oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec)
+                    .stage_count(),
                 standby_replicas: u32::try_from(app.spec.standby_replicas).unwrap_or(0),
                 warmup_max_lag: ctx.placement.warmup_max_lag,
             },
@@ -739,7 +741,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         replicas: workload.replicas,
         ready_replicas: workload.ready_replicas,
         selector: Some(build::selector_string(app)),
-        tasks,
+        tasks: tasks.map(|n| {
+            n * oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec).stage_count()
+                as i32
+        }),
         lag: instances.iter().filter_map(|i| i.lag).reduce(|a, b| a + b),
         restoration,
         instances: vec![],
@@ -856,11 +861,11 @@ async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<(), String> {
         .unwrap_or_default();
     let admin = ctx.admin(app, &secret).map_err(|e| e.to_string())?;
     if policy.topics == Retention::Delete {
-        // Names only depend on the stores; the partition count does not matter here.
+        // Names only depend on the stores and steps; the partition count does not matter.
         let names: Vec<String> = topics::wanted_topics(app, 1)
             .into_iter()
             // A dead-letter topic the user named may be shared: only ours goes.
-            .filter(|t| t.role == topics::Role::Changelog || app.spec.errors.topic.is_none())
+            .filter(|t| t.role != topics::Role::DeadLetter || app.spec.errors.topic.is_none())
             .map(|t| t.name)
             .collect();
         if !names.is_empty() {

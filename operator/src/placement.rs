@@ -111,7 +111,7 @@ pub fn pod_facts(
                     .map(|e| {
                         e.state_lag
                             .iter()
-                            .filter_map(|(k, v)| Some((TaskId(k.parse().ok()?), *v)))
+                            .filter_map(|(k, v)| Some((k.parse::<TaskId>().ok()?, *v)))
                             .collect()
                     })
                     .unwrap_or_default(),
@@ -297,7 +297,7 @@ mod tests {
             ..Default::default()
         };
         let f = pod_facts(&[obs("app-0", 0)], &[e, other], 1, ts(0), T30);
-        assert_eq!(f[0].state_lag, BTreeMap::from([(TaskId(3), 40)]));
+        assert_eq!(f[0].state_lag, BTreeMap::from([(TaskId::new(0, 3), 40)]));
     }
 
     #[test]
@@ -327,7 +327,7 @@ mod tests {
                 .enumerate()
                 .map(|(t, a)| {
                     (
-                        TaskId(t as u32),
+                        TaskId::new(0, t as u32),
                         TaskPlacement {
                             active: a.to_string(),
                             standbys: vec![],
@@ -374,7 +374,7 @@ mod tests {
         let mut facts = up(&["app-0", "app-1", "app-2"]);
         let reports = [InstanceStatus {
             pod: "app-2".into(),
-            active_tasks: vec![1],
+            active_tasks: vec!["0_1".into()],
             ..Default::default()
         }];
         assert_eq!(
@@ -423,6 +423,7 @@ mod tests {
         }];
         let p = Params {
             tasks: 4,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 0,
         };
@@ -437,6 +438,7 @@ mod tests {
         let facts = up(&["app-0", "app-1"]);
         let p = Params {
             tasks: 4,
+            stages: 1,
             standby_replicas: 1,
             warmup_max_lag: 0,
         };

@@ -56,6 +56,9 @@ pub mod reason {
         INVALID_DURATION = "InvalidDuration" on [super::READY, super::STALLED];
         DUPLICATE_STORE = "DuplicateStore" on [super::READY, super::STALLED];
         UNUSED_STORE_SETTINGS = "UnusedStoreSettings" on [super::READY, super::STALLED];
+        DUPLICATE_STEP_NAME = "DuplicateStepName" on [super::READY, super::STALLED];
+        TOPIC_COLLISION = "TopicCollision" on [super::READY, super::STALLED];
+        YAML_BOOLEAN_KEY = "YamlBooleanKey" on [super::READY, super::STALLED];
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
@@ -95,6 +98,9 @@ pub mod reason {
             ValidationError::UnusedStoreSettings { .. } => UNUSED_STORE_SETTINGS,
             ValidationError::SourceTopicsMissing { .. } => SOURCE_TOPICS_MISSING,
             ValidationError::NotCoPartitioned { .. } => SOURCE_TOPICS_NOT_CO_PARTITIONED,
+            ValidationError::DuplicateStepName { .. } => DUPLICATE_STEP_NAME,
+            ValidationError::TopicCollision { .. } => TOPIC_COLLISION,
+            ValidationError::YamlBooleanKey { .. } => YAML_BOOLEAN_KEY,
         }
     }
 }
@@ -266,7 +272,7 @@ fn tasks_restoring(i: &InstanceStatus) -> usize {
     let behind = i
         .active_tasks
         .iter()
-        .filter(|t| i.state_lag.get(&t.to_string()).is_some_and(|l| *l > 0))
+        .filter(|t| i.state_lag.get(*t).is_some_and(|l| *l > 0))
         .count();
     if behind > 0 {
         behind
@@ -766,14 +772,14 @@ mod tests {
         a.restored = Some(700);
         a.restore_remaining = Some(300);
         a.restore_rate = Some(100);
-        a.active_tasks = vec![0, 1, 2];
+        a.active_tasks = vec!["0_0".into(), "0_1".into(), "0_2".into()];
         a.state_lag = [("0".to_string(), 300), ("1".to_string(), 0)].into();
         let mut b = worker("app-1");
         b.state = Some("Restoring".into());
         b.restored = Some(170);
         b.restore_remaining = Some(30);
         b.restore_rate = Some(50);
-        b.active_tasks = vec![3];
+        b.active_tasks = vec!["0_3".into()];
         let mut c = worker("app-2");
         c.restored = Some(100);
         let (summary, verdict) = restoration(&[&a, &b, &c]);
@@ -818,6 +824,7 @@ mod tests {
             }],
             oxbow_crds::assignment::Params {
                 tasks: 2,
+                stages: 1,
                 standby_replicas: 0,
                 warmup_max_lag: 0,
             },

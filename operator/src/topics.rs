@@ -86,7 +86,7 @@ pub fn plan(wanted: &WantedTopic, actual: Option<&ActualTopic>, policy: DriftPol
     let mut drift = Vec::new();
     if actual.partitions < wanted.partitions {
         actions.push(TopicAction::AddPartitions(wanted.partitions));
-    } else if actual.partitions > wanted.partitions && wanted.role == Role::Changelog {
+    } else if actual.partitions > wanted.partitions && wanted.role != Role::DeadLetter {
         drift.push(format!(
             "partitions: {} (want {}); partitions are never decreased, tasks beyond {} have no source partition",
             actual.partitions, wanted.partitions, wanted.partitions

@@ -66,6 +66,24 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
         "Report never changes the topic"
     );
 
+    // Drift on a repartition topic is reported the same way.
+    let repartition = format!("{name}-per-user-repartition");
+    kafka::set_config(&repartition, "retention.ms", "3600000").await;
+    wait_for(
+        "drift on the repartition topic to be reported",
+        Duration::from_secs(60),
+        || async {
+            let app = api.get(&name).await.map_err(|e| e.to_string())?;
+            let st = app.status.ok_or("no status")?;
+            let t = st.topics.iter().find(|t| t.name == repartition);
+            match t {
+                Some(t) if t.drift == vec!["retention.ms: 3600000 (want -1)".to_string()] => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
     let patch = serde_json::json!({"spec": {"driftPolicy": "Enforce"}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -77,6 +95,11 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
         "Enforce corrected the topic"
     );
     assert_eq!(cfg["cleanup.policy"], "compact", "other settings kept");
+    assert_eq!(
+        kafka::config(&repartition).await["retention.ms"],
+        "-1",
+        "Enforce corrected the repartition topic"
+    );
 
     apps::delete_all(&api).await;
     ns.delete().await;

@@ -1,5 +1,5 @@
-//! Deleting a StreamApp honours `deletionPolicy`: `Delete` removes its changelog and
-//! dead-letter topics and its state volumes, `Retain` keeps them. Source and sink topics
+//! Deleting a StreamApp honours `deletionPolicy`: `Delete` removes its changelog,
+//! repartition and dead-letter topics and its state volumes, `Retain` keeps them. Source and sink topics
 //! are never touched.
 
 use std::time::Duration;
@@ -64,6 +64,8 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
         [
             format!("{app}-seen-changelog"),
             format!("{app}-per-user-changelog"),
+            format!("{app}-seen-repartition"),
+            format!("{app}-per-user-repartition"),
             format!("{app}-dlq"),
         ]
     };

@@ -163,6 +163,24 @@ const REJECTED: &[(&str, &str, &str, &str)] = &[
         "replicas: 2\n  errors: {policy: deadLetter, topic: SOURCE}",
         "errors.topic must not be a source topic",
     ),
+    (
+        "an aggregate field written n, which YAML 1.1 reads as false",
+        "fields: {count: {count: {}}}",
+        "fields: {n: {count: {}}}",
+        "an aggregate field is named true or false: kubectl reads an unquoted key n, y, no, yes, on or off as a YAML 1.1 boolean; quote the key",
+    ),
+    (
+        "store settings under a key written on, which YAML 1.1 reads as true",
+        "replicas: 2",
+        "replicas: 2\n  stores: {on: {changelog: {segment: 1h}}}",
+        "a store is named true or false in spec.stores",
+    ),
+    (
+        "a step name unfit for a topic name",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- {name: 'by user', dedupe: {store: seen, id: value.txId, within: 1h}}",
+        "step names may use letters, digits, '.', '_' and '-'",
+    ),
 ];
 
 /// (case, replaced, replacement, Stalled reason, message fragment)
@@ -194,6 +212,27 @@ const STALLED: &[(&str, &str, &str, &str, &str)] = &[
         "  kafka:\n    secretRef: {name: no-such-secret}\n",
         "KafkaSecretMissing",
         "Secret no-such-secret named by spec.kafka.secretRef does not exist",
+    ),
+    (
+        "a partitionedBy that cannot be evaluated",
+        "topics: [SOURCE]",
+        "topics: [SOURCE]\n    partitionedBy: 'value.userId +'",
+        "InvalidExpression",
+        "spec.source.partitionedBy: failed to parse CEL expression",
+    ),
+    (
+        "two steps with one name",
+        "- dedupe: {store: seen, id: value.txId, within: 1h}",
+        "- {name: twice, dedupe: {store: seen, id: value.txId, within: 1h}}\n  - {name: twice, filter: {cel: 'true'}}",
+        "DuplicateStepName",
+        "spec.steps[1].name: step name \"twice\" is also the name of spec.steps[0]",
+    ),
+    (
+        "a repartition topic that is the sink topic",
+        "  sink: {topic: ",
+        "  sink: {topic: NAME-per-user-repartition}\n  # was: ",
+        "TopicCollision",
+        "-per-user-repartition\", which is also the sink topic; give the step another name",
     ),
 ];
 

@@ -63,7 +63,11 @@ async fn a_streamapp_gets_its_children_topics_and_ready_status() {
     let app = apps_api.get(&name).await.expect("app");
     let status = app.status.clone().expect("status");
     assert_eq!(status.observed_generation, app.metadata.generation);
-    assert_eq!(status.tasks, Some(3), "task count = source partitions");
+    assert_eq!(
+        status.tasks,
+        Some(9),
+        "3 source partitions x 3 stages (source, dedupe by txId, aggregate by userId)"
+    );
     assert_eq!(status.ready_replicas, 2);
     assert_eq!(format!("{:?}", status.phase), "Some(Running)");
     for t in ["Ready", "TopicsReady", "WorkloadReady", "Restored"] {
@@ -138,6 +142,24 @@ async fn a_streamapp_gets_its_children_topics_and_ready_status() {
         "default dirty ratio"
     );
     assert_eq!(kafka::partitions(&format!("{name}-dlq")), Some(3));
+    // The steps dedupe on value.txId and group by value.userId, neither the record key:
+    // each is preceded by a repartition topic, one partition per task of its stage.
+    for step in ["seen", "per-user"] {
+        let t = format!("{name}-{step}-repartition");
+        assert_eq!(kafka::partitions(&t), Some(3), "{t}");
+        let cfg = kafka::config(&t).await;
+        assert_eq!(cfg["cleanup.policy"], "delete", "{t}");
+        assert_eq!(
+            cfg["retention.ms"], "-1",
+            "{t}: unprocessed records never expire"
+        );
+        let reported = status.topics.iter().find(|s| s.name == t);
+        assert_eq!(
+            reported.map(|s| (s.role.as_str(), s.ready)),
+            Some(("repartition", true)),
+            "{t} in status.topics"
+        );
+    }
     assert_eq!(
         kafka::config(&format!("{name}-dlq")).await["cleanup.policy"],
         "delete"

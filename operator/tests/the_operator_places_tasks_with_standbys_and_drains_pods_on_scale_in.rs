@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use oxbow_crds::StreamApp;
+use oxbow_crds::TaskId;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
@@ -37,19 +38,19 @@ async fn assignment(cms: &Api<ConfigMap>, app: &str) -> Result<Assignment, Strin
     serde_json::from_str(&text).map_err(|e| format!("not an assignment: {e}: {text}"))
 }
 
-fn actives_of(a: &Assignment, pod: &str) -> Vec<u32> {
+fn actives_of(a: &Assignment, pod: &str) -> Vec<TaskId> {
     a.tasks
         .iter()
         .filter(|(_, tp)| tp.active == pod)
-        .map(|(t, _)| t.0)
+        .map(|(t, _)| *t)
         .collect()
 }
 
-fn standbys_of(a: &Assignment, pod: &str) -> Vec<u32> {
+fn standbys_of(a: &Assignment, pod: &str) -> Vec<TaskId> {
     a.tasks
         .iter()
         .filter(|(_, tp)| tp.standbys.iter().any(|s| s == pod))
-        .map(|(t, _)| t.0)
+        .map(|(t, _)| *t)
         .collect()
 }
 
@@ -370,12 +371,9 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
         Duration::from_secs(60),
         || async {
             let b = assignment(&cms, &name).await?;
-            let warming = actives_of(&b, leaving).iter().all(|t| {
-                b.tasks[&oxbow_crds::TaskId(*t)]
-                    .standbys
-                    .iter()
-                    .any(|s| staying.contains(s))
-            });
+            let warming = actives_of(&b, leaving)
+                .iter()
+                .all(|t| b.tasks[t].standbys.iter().any(|s| staying.contains(s)));
             if b.generation > a.generation && standbys_of(&b, leaving).is_empty() && warming {
                 Ok(b)
             } else {
@@ -436,8 +434,7 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
     for p in staying {
         for t in actives_of(&a, p) {
             assert_eq!(
-                c.tasks[&oxbow_crds::TaskId(t)].active,
-                *p,
+                c.tasks[&t].active, *p,
                 "task {t} was on a staying pod and stays"
             );
         }

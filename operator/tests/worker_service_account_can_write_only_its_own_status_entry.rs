@@ -104,7 +104,7 @@ async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else
     let report = |state: &str, error: Option<&str>| {
         let mut entry = json!({
             "pod": pod, "state": state, "address": format!("{pod}.{name}-workers:8080"),
-            "activeTasks": [0],
+            "activeTasks": ["0_0"],
             "updatedAt": k8s_openapi::jiff::Timestamp::now().to_string(),
         });
         if let Some(e) = error {
@@ -163,7 +163,7 @@ async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else
     .await;
     let entry = entry_of(&app, &pod).expect("the operator's status write kept the entry");
     assert_eq!(entry.state.as_deref(), Some("Failed"));
-    assert_eq!(entry.active_tasks, vec![0]);
+    assert_eq!(entry.active_tasks, vec!["0_0".to_string()]);
     assert!(
         app.metadata
             .managed_fields

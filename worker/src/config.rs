@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use oxbow_crds::topology::StageInput;
 use oxbow_crds::{ProcessingGuarantee, StreamApp};
 
 use crate::expr::Expr;
@@ -46,6 +47,12 @@ pub struct App {
     pub timestamp: Option<Expr>,
     pub sink_key: Option<Expr>,
     pub sink_value: Option<Expr>,
+    /// The stages (sub-topologies) the steps split into at repartitions.
+    pub topology: oxbow_crds::topology::Topology,
+    /// `source.partitionedBy`, checked on every stage-0 record.
+    pub partitioned_by: Option<Expr>,
+    /// Per stage: the key its repartition topic is keyed by (`None` for stage 0).
+    pub stage_keys: Vec<Option<Expr>>,
     /// librdkafka properties from the spec and the secret directory.
     pub kafka: BTreeMap<String, String>,
 }
@@ -97,7 +104,7 @@ impl App {
         manifest: StreamApp,
         kafka: BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
-        let errors = oxbow_crds::validate::validate_spec(&manifest.spec);
+        let errors = oxbow_crds::validate::validate_app(&manifest);
         if !errors.is_empty() {
             return Err(ConfigError::Invalid {
                 errors: errors.iter().map(|e| e.to_string()).collect(),
@@ -126,7 +133,22 @@ impl App {
             &spec.sink.as_ref().and_then(|s| s.value.clone()),
         )
         .map_err(crate::steps::CompileError::from)?;
+        let topology = oxbow_crds::topology::Topology::of(&manifest.application_id(), spec);
+        let partitioned_by = expr("spec.source.partitionedBy", &spec.source.partitioned_by)
+            .map_err(crate::steps::CompileError::from)?;
+        let stage_keys = topology
+            .stages
+            .iter()
+            .map(|s| match &s.input {
+                StageInput::Source => Ok(None),
+                StageInput::Repartition { key, path, .. } => Expr::compile(path, key).map(Some),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(crate::steps::CompileError::from)?;
         Ok(Self {
+            topology,
+            partitioned_by,
+            stage_keys,
             application_id: manifest.application_id(),
             guarantee: spec.processing_guarantee,
             commit_interval,
@@ -137,6 +159,38 @@ impl App {
             kafka,
             manifest,
         })
+    }
+}
+
+impl App {
+    /// The processor factories a task of `stage` runs: its steps, and for the last stage
+    /// also the processors compiled into a custom worker.
+    pub fn stage_steps(&self, stage: u32) -> &[ProcessorFactory] {
+        let Some(st) = self.topology.stage(stage) else {
+            return &[];
+        };
+        let end = if stage + 1 == self.topology.stage_count() {
+            self.steps.len()
+        } else {
+            st.steps.end
+        };
+        &self.steps[st.steps.start.min(end)..end]
+    }
+
+    /// The topics a task of `stage` reads.
+    pub fn inputs(&self, stage: u32) -> Vec<String> {
+        self.topology
+            .stage(stage)
+            .map(|s| s.input_topics(&self.manifest.spec))
+            .unwrap_or_default()
+    }
+
+    /// The repartition topic the stage after `stage` reads, if any.
+    pub fn next_stage_topic(&self, stage: u32) -> Option<&str> {
+        match &self.topology.next(stage)?.input {
+            StageInput::Repartition { topic, .. } => Some(topic),
+            StageInput::Source => None,
+        }
     }
 }
 

@@ -99,10 +99,10 @@ pub fn desired_for(
             continue;
         }
         for t in &i.active_tasks {
-            if let Ok(t) = u32::try_from(*t)
-                && d.active.contains(&TaskId(t))
+            if let Ok(t) = t.parse::<TaskId>()
+                && d.active.contains(&t)
             {
-                d.held_elsewhere.insert(TaskId(t));
+                d.held_elsewhere.insert(t);
             }
         }
     }
@@ -111,11 +111,11 @@ pub fn desired_for(
 
 /// This pod's status entry from the worker's own status.
 pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceStatus {
-    let ids = |role: Role| -> Vec<i32> {
+    let ids = |role: Role| -> Vec<String> {
         s.tasks
             .iter()
             .filter(|t| t.role == role)
-            .map(|t| t.task as i32)
+            .map(|t| t.task.to_string())
             .collect()
     };
     let restoring: Vec<_> = s
@@ -373,8 +373,8 @@ pub async fn final_report(cfg: &CoordConfig, shared: &Shared) {
 }
 
 /// The tasks a pod reports, as a set (for tests and logs).
-pub fn reported(i: &InstanceStatus) -> BTreeSet<i32> {
-    i.active_tasks.iter().copied().collect()
+pub fn reported(i: &InstanceStatus) -> BTreeSet<String> {
+    i.active_tasks.iter().cloned().collect()
 }
 
 #[cfg(test)]
@@ -394,7 +394,7 @@ mod tests {
                 .iter()
                 .map(|(t, a, s)| {
                     (
-                        TaskId(*t),
+                        TaskId::new(0, *t),
                         TaskPlacement {
                             active: a.to_string(),
                             standbys: s.iter().map(|x| x.to_string()).collect(),
@@ -416,7 +416,7 @@ mod tests {
     fn report(pod: &str, generation: i64, active: &[i32]) -> InstanceStatus {
         InstanceStatus {
             pod: pod.into(),
-            active_tasks: active.to_vec(),
+            active_tasks: active.iter().map(|t| format!("0_{t}")).collect(),
             assignment_generation: Some(generation),
             updated_at: Some("2026-11-29T12:00:25Z".into()),
             ..Default::default()
@@ -444,11 +444,14 @@ mod tests {
             &[report("app-0", 3, &[0, 2]), report("app-1", 2, &[1])],
             now(),
         );
-        assert_eq!(d.active, BTreeSet::from([TaskId(0), TaskId(1)]));
-        assert_eq!(d.standby, BTreeSet::from([TaskId(2)]));
+        assert_eq!(
+            d.active,
+            BTreeSet::from([TaskId::new(0, 0), TaskId::new(0, 1)])
+        );
+        assert_eq!(d.standby, BTreeSet::from([TaskId::new(0, 2)]));
         assert_eq!(
             d.held_elsewhere,
-            BTreeSet::from([TaskId(0)]),
+            BTreeSet::from([TaskId::new(0, 0)]),
             "app-0 has not released task 0 yet"
         );
         assert_eq!(d.generation, 3);
@@ -459,7 +462,10 @@ mod tests {
         // app-0 restarted and may be starting tasks of an older generation right now:
         // its report lists nothing, but it has not acknowledged generation 3.
         let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 0, &[])], now());
-        assert_eq!(d.held_elsewhere, BTreeSet::from([TaskId(0), TaskId(1)]));
+        assert_eq!(
+            d.held_elsewhere,
+            BTreeSet::from([TaskId::new(0, 0), TaskId::new(0, 1)])
+        );
         let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 3, &[2])], now());
         assert!(d.held_elsewhere.is_empty(), "acknowledged and released");
     }
@@ -483,7 +489,7 @@ mod tests {
 
     #[test]
     fn the_entry_reports_roles_restore_progress_and_state_lag() {
-        let mut active = TaskStatus::new(0);
+        let mut active = TaskStatus::new(TaskId::new(0, 0));
         active.state = TaskState::Restoring;
         active.restore = Some(crate::status::RestoreProgress {
             restored: 40,
@@ -492,10 +498,10 @@ mod tests {
             records_per_second: 20.0,
             ..Default::default()
         });
-        let mut running = TaskStatus::new(1);
+        let mut running = TaskStatus::new(TaskId::new(0, 1));
         running.state = TaskState::Running;
         running.lag = Some(7);
-        let mut standby = TaskStatus::new(2);
+        let mut standby = TaskStatus::new(TaskId::new(0, 2));
         standby.role = Role::Standby;
         standby.state = TaskState::Running;
         standby.state_lag = Some(5);
@@ -506,8 +512,8 @@ mod tests {
             ..Default::default()
         };
         let e = instance_entry("app-0", "127.0.1.2:8080", &s);
-        assert_eq!(e.active_tasks, vec![0, 1]);
-        assert_eq!(e.standby_tasks, vec![2]);
+        assert_eq!(e.active_tasks, vec!["0_0", "0_1"]);
+        assert_eq!(e.standby_tasks, vec!["0_2"]);
         assert_eq!(
             (
                 e.restored,
@@ -520,7 +526,7 @@ mod tests {
         assert_eq!(e.lag, Some(7));
         assert_eq!(
             e.state_lag,
-            BTreeMap::from([("0".into(), 60), ("1".into(), 0), ("2".into(), 5)])
+            BTreeMap::from([("0_0".into(), 60), ("0_1".into(), 0), ("0_2".into(), 5)])
         );
         assert_eq!(e.assignment_generation, Some(9));
         assert_eq!(e.state.as_deref(), Some("Restoring"));
@@ -528,7 +534,7 @@ mod tests {
 
     #[test]
     fn a_failed_task_makes_the_entry_failed_with_its_error() {
-        let mut t = TaskStatus::new(3);
+        let mut t = TaskStatus::new(TaskId::new(0, 3));
         t.state = TaskState::Failed;
         t.last_error = Some("step map: boom".into());
         let s = WorkerStatus {

@@ -35,7 +35,7 @@ use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
 use crate::status::{Desired, RestoreProgress, Role, Shared, TaskState, TaskStatus};
 use crate::store::{SharedMemory, StoreError, TaskDb};
 use crate::task::{
-    Outcome, Output, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header,
+    KEY_HEADER, Outcome, Output, SOURCE_HEADER, SourceMessage, Task, now_ms, parse_source_header,
     produced_by_committed_work,
 };
 
@@ -336,6 +336,15 @@ pub struct Engine {
     state_dir: PathBuf,
     /// Changelog topic → store, to route standby records.
     changelogs: HashMap<String, StoreName>,
+    /// Source and repartition topic → the stage that reads it.
+    input_stage: HashMap<String, u32>,
+    /// Tasks per stage (the source partition count).
+    partitions: u32,
+    /// When consumed repartition records were last deleted, and up to where.
+    last_purge: Instant,
+    purged: BTreeMap<TaskId, i64>,
+    /// For DeleteRecords on repartition topics; created at the first purge.
+    admin: Option<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
     /// The desired-state version last applied.
     desired_seen: u64,
     desired: Desired,
@@ -372,6 +381,9 @@ struct HeldRecord {
 /// but does not release the task (wedged) before it starts anyway; its producer fences
 /// the old owner. Longer than a transaction's timeout and a long restore's commit gap.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often consumed repartition records are deleted (Kafka Streams'
+/// `repartition.purge.interval.ms`).
+const PURGE_INTERVAL: Duration = Duration::from_secs(30);
 /// A standby writes its applied records at least every this many.
 const STANDBY_BATCH: usize = 10_000;
 
@@ -405,9 +417,17 @@ impl Engine {
             partitions.insert(topic.clone(), n);
         }
         let task_count = oxbow_crds::validate::task_count(&partitions)?;
+        let all_tasks = app.topology.tasks(task_count as u32);
         // A custom processor may declare stores per task: every task's count.
-        let all_stores: Vec<StoreName> = (0..task_count.max(1) as u32)
-            .flat_map(|t| app.steps.iter().flat_map(move |f| f(TaskId(t)).stores()))
+        let all_stores: Vec<StoreName> = app
+            .topology
+            .tasks(task_count.max(1) as u32)
+            .into_iter()
+            .flat_map(|t| {
+                app.stage_steps(t.stage)
+                    .iter()
+                    .flat_map(move |f| f(t).stores())
+            })
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -431,6 +451,14 @@ impl Engine {
         if let Ok(mut r) = shared.routing.write() {
             r.task_count = task_count as u32;
         }
+        // Which stage reads a topic: the sources feed stage 0, each repartition topic
+        // the stage behind it.
+        let mut input_stage = HashMap::new();
+        for stage in &app.topology.stages {
+            for t in stage.input_topics(spec) {
+                input_stage.insert(t, stage.index);
+            }
+        }
         if opts.coordination.is_none() {
             let ids = if opts.instance_from_pod_name && opts.instance >= opts.instances {
                 tracing::warn!(
@@ -440,21 +468,18 @@ impl Engine {
                 );
                 Vec::new()
             } else {
-                oxbow_crds::assignment::standalone(
-                    task_count as u32,
-                    opts.instance,
-                    opts.instances,
-                )?
+                oxbow_crds::assignment::standalone(&all_tasks, opts.instance, opts.instances)?
             };
-            tracing::info!(tasks = ?ids.iter().map(|t| t.0).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
+            tracing::info!(tasks = ?ids.iter().map(ToString::to_string).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
             if let Ok(mut r) = shared.routing.write() {
                 r.me = format!("instance-{}", opts.instance);
-                r.placements = (0..task_count as u32)
+                r.placements = all_tasks
+                    .iter()
                     .map(|t| {
                         (
-                            TaskId(t),
+                            *t,
                             oxbow_crds::assignment::TaskPlacement {
-                                active: format!("instance-{}", t % opts.instances.max(1)),
+                                active: format!("instance-{}", t.partition % opts.instances.max(1)),
                                 standbys: Vec::new(),
                             },
                         )
@@ -507,6 +532,11 @@ impl Engine {
             memory: SharedMemory::new(opts.memory_budget),
             state_dir: opts.state_dir.clone(),
             changelogs,
+            input_stage,
+            partitions: task_count as u32,
+            last_purge: Instant::now(),
+            purged: BTreeMap::new(),
+            admin: None,
             desired_seen: 0,
             desired: Desired::default(),
             waiting: BTreeMap::new(),
@@ -551,7 +581,7 @@ impl Engine {
             start_active.push(*t);
         }
         self.waiting = keep_waiting;
-        let waiting: Vec<u32> = self.waiting.keys().map(|t| t.0).collect();
+        let waiting: Vec<TaskId> = self.waiting.keys().copied().collect();
         self.shared.update(|s| s.waiting_for_release = waiting);
 
         // 1. Release what is no longer ours, first: the next owner waits for it.
@@ -608,7 +638,7 @@ impl Engine {
                 false => self.open_db(t)?,
             };
             let total = restore_total(&self.app, &self.side, &db, t, &self.task_stores(t))?;
-            let mut st = TaskStatus::new(t.0);
+            let mut st = TaskStatus::new(t);
             st.state = TaskState::Restoring;
             st.restore = Some(RestoreProgress {
                 mode: "pending".into(),
@@ -631,17 +661,17 @@ impl Engine {
             // they are no longer ours.
             tracing::info!("assignment changed while starting tasks: re-planning");
             for (t, db) in superseded {
-                self.shared.remove_task(t.0);
+                self.shared.remove_task(t);
                 self.start_standby(t, Some(db))?;
             }
             for t in started {
                 self.shared
-                    .task(t.0, |s: &mut TaskStatus| s.state = TaskState::Running);
+                    .task(t, |s: &mut TaskStatus| s.state = TaskState::Running);
             }
             return Ok(());
         }
         for t in started {
-            self.shared.task(t.0, |s| s.state = TaskState::Running);
+            self.shared.task(t, |s| s.state = TaskState::Running);
         }
         self.shared.update(|s| {
             s.generation = d.generation;
@@ -650,14 +680,36 @@ impl Engine {
         Ok(())
     }
 
+    /// `<state-dir>/<applicationId>/<stage>_<partition>`. A stage-0 directory written
+    /// before tasks had stages (`<partition>`) is renamed, so an upgrade keeps its state.
     fn task_dir(&self, id: TaskId) -> PathBuf {
-        self.state_dir
-            .join(&self.app.application_id)
-            .join(id.to_string())
+        let app_dir = self.state_dir.join(&self.app.application_id);
+        let dir = app_dir.join(id.to_string());
+        let legacy = app_dir.join(id.partition.to_string());
+        if id.stage == 0 && !dir.exists() && legacy.is_dir() {
+            match std::fs::rename(&legacy, &dir) {
+                Ok(()) => {
+                    tracing::info!(task = %id, from = %legacy.display(), "renamed a task directory from before stages")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %id, error = %e, "failed to rename the task directory from before stages: restoring from the changelog instead")
+                }
+            }
+        }
+        dir
     }
 
     fn task_stores(&self, id: TaskId) -> Vec<StoreName> {
-        self.app.steps.iter().flat_map(|f| f(id).stores()).collect()
+        self.app
+            .stage_steps(id.stage)
+            .iter()
+            .flat_map(|f| f(id).stores())
+            .collect()
+    }
+
+    /// The stage of a task's store's changelog record, from its topic.
+    fn stage_of_changelog(&self, store: &StoreName) -> u32 {
+        self.app.topology.stage_of_store(store)
     }
 
     fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
@@ -680,8 +732,8 @@ impl Engine {
 
     fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
-        for topic in &self.app.manifest.spec.source.topics {
-            tpl.add_partition(topic, id.0 as i32);
+        for topic in self.app.inputs(id.stage) {
+            tpl.add_partition(&topic, id.kafka_partition());
         }
         tpl
     }
@@ -700,16 +752,15 @@ impl Engine {
         batch: Vec<(TaskId, Arc<TaskDb>)>,
     ) -> Result<StartOutcome, EngineError> {
         let app = self.app.clone();
-        let spec = &app.manifest.spec;
         let snapshot = self.shared.snapshot();
         for (id, _) in &batch {
-            let mut st = TaskStatus::new(id.0);
+            let mut st = TaskStatus::new(*id);
             st.state = TaskState::Restoring;
             // The figures announced for the batch stand until the restore reports its own.
             st.restore = snapshot.as_ref().and_then(|s| {
                 s.tasks
                     .iter()
-                    .find(|t| t.task == id.0 && t.role == Role::Active)?
+                    .find(|t| t.task == *id && t.role == Role::Active)?
                     .restore
                     .clone()
             });
@@ -728,8 +779,8 @@ impl Engine {
         // restore. One request for the whole batch.
         let mut tpl = TopicPartitionList::new();
         for (id, _) in &batch {
-            for topic in &spec.source.topics {
-                tpl.add_partition(topic, id.0 as i32);
+            for topic in app.inputs(id.stage) {
+                tpl.add_partition(&topic, id.kafka_partition());
             }
         }
         let committed_tpl = self
@@ -741,9 +792,11 @@ impl Engine {
             })?;
         let mut starting = Vec::new();
         for (id, db) in batch {
+            let inputs = app.inputs(id.stage);
             let mut done: BTreeMap<String, i64> = BTreeMap::new();
             for e in committed_tpl.elements() {
-                if e.partition() == id.0 as i32
+                if e.partition() == id.kafka_partition()
+                    && inputs.iter().any(|t| t == e.topic())
                     && let Offset::Offset(o) = e.offset()
                 {
                     done.insert(e.topic().to_string(), o);
@@ -753,7 +806,7 @@ impl Engine {
             // commit; the positions kept with the state are then the best truth, far
             // better than reprocessing the topic from the start into existing state.
             let kept = db.checkpoint()?.source;
-            for topic in &spec.source.topics {
+            for topic in &inputs {
                 if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
                     tracing::warn!(task = %id, topic, position = pos,
                         "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
@@ -828,25 +881,24 @@ impl Engine {
         assign: &mut TopicPartitionList,
     ) -> Result<(), EngineError> {
         let app = self.app.clone();
-        let spec = &app.manifest.spec;
-        let processors: Vec<_> = app.steps.iter().map(|f| f(id)).collect();
-        let mut task = Task::new(id, db, processors);
+        let processors: Vec<_> = app.stage_steps(id.stage).iter().map(|f| f(id)).collect();
+        let mut task = Task::new(&app, id, self.partitions, db, processors);
         task.positions = done.clone();
         task.init(&self.env).map_err(|e| EngineError::Init {
             task: id,
             message: e.to_string(),
         })?;
         // Running once every task of the batch is restored (apply_desired).
-        self.shared.task(id.0, |t| {
+        self.shared.task(id, |t| {
             t.state_lag = Some(0);
             t.positions = task.positions.clone();
         });
-        for topic in &spec.source.topics {
+        for topic in app.inputs(id.stage) {
             let off = done
-                .get(topic)
+                .get(&topic)
                 .map_or(Offset::Beginning, |o| Offset::Offset(*o));
             assign
-                .add_partition_offset(topic, id.0 as i32, off)
+                .add_partition_offset(&topic, id.kafka_partition(), off)
                 .map_err(EngineError::AssignPartitions)?;
         }
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
@@ -869,7 +921,7 @@ impl Engine {
         if let Ok(mut dbs) = self.shared.dbs.write() {
             dbs.remove(&id);
         }
-        self.shared.remove_task(id.0);
+        self.shared.remove_task(id);
         tracing::info!(task = %id, "released active task");
         let task = self.tasks.remove(&id).ok_or_else(|| EngineError::Init {
             task: id,
@@ -902,7 +954,7 @@ impl Engine {
                     from
                 }
             };
-            tpl.add_partition_offset(&p.topic, id.0 as i32, Offset::Offset(from))
+            tpl.add_partition_offset(&p.topic, id.kafka_partition(), Offset::Offset(from))
                 .map_err(EngineError::AssignPartitions)?;
             lag += (p.log_end - from).max(0);
             next.insert(p.store, from);
@@ -913,7 +965,7 @@ impl Engine {
         if let Ok(mut dbs) = self.shared.dbs.write() {
             dbs.insert(id, db.clone());
         }
-        let mut st = TaskStatus::new(id.0);
+        let mut st = TaskStatus::new(id);
         st.role = Role::Standby;
         st.state = TaskState::Running;
         st.state_lag = Some(lag);
@@ -943,7 +995,7 @@ impl Engine {
         for store in self.task_stores(id) {
             tpl.add_partition(
                 &changelog_topic(&self.app.application_id, &store),
-                id.0 as i32,
+                id.kafka_partition(),
             );
         }
         self.consumer
@@ -952,7 +1004,7 @@ impl Engine {
         if let Ok(mut dbs) = self.shared.dbs.write() {
             dbs.remove(&id);
         }
-        self.shared.remove_task(id.0);
+        self.shared.remove_task(id);
         let sb = self.standbys.remove(&id).ok_or_else(|| EngineError::Init {
             task: id,
             message: "closed a standby that was not open".into(),
@@ -967,8 +1019,8 @@ impl Engine {
     fn refresh_standby_offsets(&mut self, ids: &[TaskId]) {
         let mut tpl = TopicPartitionList::new();
         for id in ids {
-            for topic in &self.app.manifest.spec.source.topics {
-                tpl.add_partition(topic, id.0 as i32);
+            for topic in self.app.inputs(id.stage) {
+                tpl.add_partition(&topic, id.kafka_partition());
             }
         }
         if tpl.count() == 0 {
@@ -978,9 +1030,13 @@ impl Engine {
             return;
         };
         for e in c.elements() {
+            let Some(stage) = self.input_stage.get(e.topic()) else {
+                continue;
+            };
             if let (Offset::Offset(o), Some(sb)) = (
                 e.offset(),
-                self.standbys.get_mut(&TaskId(e.partition() as u32)),
+                self.standbys
+                    .get_mut(&TaskId::new(*stage, e.partition() as u32)),
             ) {
                 sb.committed.insert(e.topic().to_string(), o);
             }
@@ -1004,7 +1060,7 @@ impl Engine {
         if let Some(pos) = &positions {
             for (store, next) in sb.next.iter_mut() {
                 if let Some(Offset::Offset(o)) = pos
-                    .find_partition(&changelog_topic(&app_id, store), id.0 as i32)
+                    .find_partition(&changelog_topic(&app_id, store), id.kafka_partition())
                     .map(|e| e.offset())
                 {
                     *next = (*next).max(o);
@@ -1050,11 +1106,12 @@ impl Engine {
                 // standby flushes, reports) must run however busy the consumer is.
                 Some(Ok(m)) => 'msg: {
                     if let Some(store) = self.changelogs.get(m.topic()).cloned() {
-                        let id = TaskId(m.partition() as u32);
+                        let id = TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
                         apply_standby_record(
                             &mut self.standbys,
                             self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
-                            &self.app.manifest.spec.source.topics,
+                            &self.app.inputs(id.stage),
+                            id,
                             store,
                             &m,
                         );
@@ -1070,7 +1127,10 @@ impl Engine {
                         }
                         break 'msg;
                     }
-                    let id = TaskId(m.partition() as u32);
+                    let Some(stage) = self.input_stage.get(m.topic()) else {
+                        break 'msg;
+                    };
+                    let id = TaskId::new(*stage, m.partition() as u32);
                     let Some(task) = self.tasks.get_mut(&id) else {
                         break 'msg;
                     };
@@ -1085,6 +1145,13 @@ impl Engine {
                         key: m.key(),
                         value: m.payload(),
                         timestamp: m.timestamp().to_millis(),
+                        record_key: (id.stage > 0)
+                            .then(|| {
+                                m.headers().and_then(|h| {
+                                    h.iter().find(|h| h.key == KEY_HEADER).and_then(|h| h.value)
+                                })
+                            })
+                            .flatten(),
                     };
                     out.clear();
                     let outcome = task.process(&self.app, &self.env, &msg, now_ms(), &mut out)?;
@@ -1134,6 +1201,9 @@ impl Engine {
                 self.commit_all()?;
                 last_commit = Instant::now();
             }
+            if self.last_purge.elapsed() >= PURGE_INTERVAL {
+                self.purge_repartitions();
+            }
             if last_standby_flush.elapsed() >= Duration::from_millis(500) {
                 last_standby_flush = Instant::now();
                 self.flush_standbys()?;
@@ -1170,11 +1240,11 @@ impl Engine {
             })
             .map(|(t, _)| *t)
             .collect();
-        let sources = self.app.manifest.spec.source.topics.clone();
         if alos {
             self.refresh_standby_offsets(&ids);
         }
         for t in ids {
+            let sources = self.app.inputs(t.stage);
             if let Some(sb) = self.standbys.get_mut(&t) {
                 drain_held(sb, &sources);
             }
@@ -1190,23 +1260,19 @@ impl Engine {
         outcome: &Outcome,
     ) -> Result<(), EngineError> {
         match outcome {
-            Outcome::Processed => self.shared.task(id.0, |t| t.processed += 1),
+            Outcome::Processed => self.shared.task(id, |t| t.processed += 1),
             Outcome::DeadLettered => {
                 METRICS.dead_letters.get_or_create(&task_label(id)).inc();
-                self.shared.task(id.0, |t| t.dead_letters += 1);
+                self.shared.task(id, |t| t.dead_letters += 1);
             }
             Outcome::Skipped => {
                 METRICS.skipped.get_or_create(&task_label(id)).inc();
-                self.shared.task(id.0, |t| t.skipped += 1);
+                self.shared.task(id, |t| t.skipped += 1);
             }
             Outcome::Failed(m) => {
                 tracing::error!(task = %id, error = %m, "task failed (errors.policy: fail); its partitions are paused");
-                let mut tpl = TopicPartitionList::new();
-                for t in &self.app.manifest.spec.source.topics {
-                    tpl.add_partition(t, id.0 as i32);
-                }
-                let _ = self.consumer.pause(&tpl);
-                self.shared.task(id.0, |t| {
+                let _ = self.consumer.pause(&self.source_tpl(id));
+                self.shared.task(id, |t| {
                     t.state = TaskState::Failed;
                     t.last_error = Some(m.clone());
                 });
@@ -1260,6 +1326,29 @@ impl Engine {
                         )?;
                         sent += 1;
                     }
+                }
+                Output::Repartition {
+                    topic,
+                    partition,
+                    key,
+                    value,
+                    record_key,
+                    timestamp,
+                } => {
+                    let h = OwnedHeaders::new().insert(Header {
+                        key: KEY_HEADER,
+                        value: Some(record_key.as_slice()),
+                    });
+                    send(
+                        p,
+                        topic,
+                        Some(*partition),
+                        Some(key),
+                        Some(value),
+                        Some(h),
+                        Some(*timestamp),
+                    )?;
+                    sent += 1;
                 }
                 Output::DeadLetter {
                     key,
@@ -1344,7 +1433,7 @@ impl Engine {
                 send(
                     p,
                     &topic,
-                    Some(id.0 as i32),
+                    Some(id.kafka_partition()),
                     Some(key),
                     value.as_deref(),
                     Some(h),
@@ -1391,7 +1480,7 @@ impl Engine {
             let mut tpl = TopicPartitionList::new();
             for (id, (c, _)) in &commits {
                 for (topic, off) in &c.positions {
-                    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
+                    tpl.add_partition_offset(topic, id.kafka_partition(), Offset::Offset(*off))
                         .map_err(EngineError::CommitOffsets)?;
                 }
             }
@@ -1408,6 +1497,68 @@ impl Engine {
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// Deletes the repartition records this worker's stage-N tasks have committed past
+    /// (DeleteRecords, as Kafka Streams does every 30 s), so a repartition topic holds
+    /// only what is still to be processed. Committed means in Kafka: under exactly-once
+    /// the transaction with the offsets committed, under at-least-once the offsets.
+    /// A failure is only logged: the records stay until the next round.
+    fn purge_repartitions(&mut self) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        self.last_purge = Instant::now();
+        let mut tpl = TopicPartitionList::new();
+        let mut wanted = Vec::new();
+        for (id, committed) in &self.committed {
+            if id.stage == 0 || !self.tasks.contains_key(id) {
+                continue;
+            }
+            for (topic, off) in committed {
+                if self.purged.get(id).is_some_and(|p| p >= off) {
+                    continue;
+                }
+                if tpl
+                    .add_partition_offset(topic, id.kafka_partition(), Offset::Offset(*off))
+                    .is_ok()
+                {
+                    wanted.push((*id, topic.clone(), *off));
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return;
+        }
+        if self.admin.is_none() {
+            match base_config(&self.app).create::<AdminClient<_>>() {
+                Ok(a) => self.admin = Some(a),
+                Err(e) => {
+                    tracing::warn!(error = %e, "failed to create the admin client that deletes consumed repartition records");
+                    return;
+                }
+            }
+        }
+        let Some(admin) = &self.admin else {
+            return;
+        };
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(5)));
+        match futures::executor::block_on(admin.delete_records(&tpl, &opts)) {
+            Ok(result) => {
+                for (id, topic, off) in wanted {
+                    let failed = result
+                        .find_partition(&topic, id.kafka_partition())
+                        .and_then(|e| e.error().err());
+                    match failed {
+                        None => {
+                            self.purged.insert(id, off);
+                        }
+                        Some(e) => {
+                            tracing::warn!(task = %id, topic, error = %e, "failed to delete consumed repartition records")
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "failed to delete consumed repartition records"),
+        }
     }
 
     fn check_delivery(&self) -> Result<(), EngineError> {
@@ -1433,7 +1584,7 @@ impl Engine {
             .unwrap_or_default();
         let mut checkpoints = BTreeMap::new();
         for s in stores {
-            if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.0 as i32)) {
+            if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.kafka_partition())) {
                 checkpoints.insert(s.clone(), o + 1);
             }
         }
@@ -1443,7 +1594,7 @@ impl Engine {
         task.db.commit(&c.writes, &checkpoints, &c.positions)?;
         self.committed.insert(id, c.positions.clone());
         METRICS.commits.get_or_create(&task_label(id)).inc();
-        self.shared.task(id.0, |t| {
+        self.shared.task(id, |t| {
             t.commits += 1;
             t.positions = c.positions.clone();
         });
@@ -1451,15 +1602,14 @@ impl Engine {
     }
 
     fn report(&mut self) {
-        let topics = self.app.manifest.spec.source.topics.clone();
         for (id, task) in &self.tasks {
             let mut lag = 0;
-            for topic in &topics {
+            for topic in self.app.inputs(id.stage) {
                 if let Ok((_, high)) =
                     self.side
-                        .fetch_watermarks(topic, id.0 as i32, Duration::from_secs(2))
+                        .fetch_watermarks(&topic, id.kafka_partition(), Duration::from_secs(2))
                 {
-                    let pos = task.positions.get(topic).copied().unwrap_or(0);
+                    let pos = task.positions.get(&topic).copied().unwrap_or(0);
                     lag += (high - pos).max(0);
                 }
             }
@@ -1470,7 +1620,7 @@ impl Engine {
                     .get_or_create(&crate::metrics::store(*id, s))
                     .set(task.db.size_bytes(s) as i64);
             }
-            self.shared.task(id.0, |t| t.lag = Some(lag));
+            self.shared.task(*id, |t| t.lag = Some(lag));
         }
         for (id, sb) in &self.standbys {
             let mut lag = 0;
@@ -1478,14 +1628,14 @@ impl Engine {
                 let topic = changelog_topic(&self.app.application_id, store);
                 if let Ok((_, high)) =
                     self.side
-                        .fetch_watermarks(&topic, id.0 as i32, Duration::from_secs(2))
+                        .fetch_watermarks(&topic, id.kafka_partition(), Duration::from_secs(2))
                 {
                     lag += (high - next).max(0);
                 }
             }
             // Under exactly-once the log end includes transaction markers, which are
             // never delivered: a caught-up standby may show a few records of lag.
-            self.shared.task(id.0, |t| t.state_lag = Some(lag));
+            self.shared.task(*id, |t| t.state_lag = Some(lag));
         }
     }
 }
@@ -1507,10 +1657,10 @@ fn apply_standby_record(
     standbys: &mut BTreeMap<TaskId, Standby>,
     alos: bool,
     sources: &[String],
+    id: TaskId,
     store: StoreName,
     m: &rdkafka::message::BorrowedMessage<'_>,
 ) {
-    let id = TaskId(m.partition() as u32);
     let Some(sb) = standbys.get_mut(&id) else {
         return;
     };
@@ -1563,7 +1713,7 @@ fn end_transactions(
         let fail = |source| EngineError::Commit { task: id, source };
         let mut tpl = TopicPartitionList::new();
         for (topic, off) in &c.positions {
-            tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(*off))
+            tpl.add_partition_offset(topic, id.kafka_partition(), Offset::Offset(*off))
                 .map_err(fail)?;
         }
         let t0 = Instant::now();
@@ -1784,13 +1934,14 @@ fn plan_stores(
     let mut out = Vec::new();
     for store in stores {
         let topic = changelog_topic(&app.application_id, store);
-        let (low, high) =
-            watermarks(consumer, &topic, id.0 as i32).map_err(|e| EngineError::Restore {
+        let (low, high) = watermarks(consumer, &topic, id.kafka_partition()).map_err(|e| {
+            EngineError::Restore {
                 task: id,
                 store: store.0.clone(),
                 topic: topic.clone(),
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         let plan = plan(RestoreFacts {
             checkpoint: checkpoint.changelog.get(store).copied(),
             log_start: low,
@@ -1903,7 +2054,7 @@ fn restore_task(
         plans.push((store, topic, p));
     }
     total.remaining = total.total;
-    shared.task(id.0, |t| t.restore = Some(total.clone()));
+    shared.task(id, |t| t.restore = Some(total.clone()));
     for (store, topic, p) in plans {
         let (from, to, bulk) = match p {
             RestorePlan::UpToDate => continue,
@@ -1946,7 +2097,7 @@ fn restore_task(
         total.records_per_second = (total.restored + total.skipped) as f64 / own;
     }
     gauges.finish(total.restored, total.records_per_second);
-    shared.task(id.0, |t| t.restore = Some(total.clone()));
+    shared.task(id, |t| t.restore = Some(total.clone()));
     Ok(total)
 }
 
@@ -1981,7 +2132,7 @@ fn restore_store(
         message,
     };
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, id.0 as i32, Offset::Offset(from))
+    tpl.add_partition_offset(topic, id.kafka_partition(), Offset::Offset(from))
         .map_err(|e| fail(e.to_string()))?;
     consumer.assign(&tpl).map_err(|e| fail(e.to_string()))?;
     let mut sorted: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
@@ -2092,7 +2243,7 @@ fn restore_store(
                         progress.remaining,
                         progress.records_per_second,
                     );
-                    shared.task(id.0, |t| t.restore = Some(progress.clone()));
+                    shared.task(id, |t| t.restore = Some(progress.clone()));
                 }
             }
             Some(Err(e)) => tracing::warn!(task = %id, topic, error = %e, "restore consumer error"),
@@ -2100,7 +2251,7 @@ fn restore_store(
                 // The end may be a transaction marker or aborted records, which are
                 // never delivered: the fetch position tells when the log is consumed.
                 let at_end = consumer.position().ok().is_some_and(|tpl| {
-                    tpl.find_partition(topic, id.0 as i32)
+                    tpl.find_partition(topic, id.kafka_partition())
                         .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= to))
                 });
                 if at_end {

@@ -216,6 +216,11 @@ impl Expr {
     }
 
     /// A string key: strings as they are, integers and bools in their decimal form.
+    /// The expression as written.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub fn key(&self, env: &Env, input: &Input<'_>) -> Result<String, ExprError> {
         match self.eval(env, input)? {
             Value::String(s) => Ok(s.to_string()),

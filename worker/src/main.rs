@@ -141,14 +141,17 @@ fn digest(config: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Resu
     let app = oxbow_worker::App::load(config, None)?;
     let dir = state_dir.join(&app.application_id);
     let memory = oxbow_worker::store::SharedMemory::new(16 << 20);
-    let mut tasks: Vec<u32> = std::fs::read_dir(&dir)?
+    let mut tasks: Vec<oxbow_crds::TaskId> = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     tasks.sort_unstable();
     for t in tasks {
-        let id = oxbow_crds::TaskId(t);
-        let stores: Vec<_> = app.steps.iter().flat_map(|f| f(id).stores()).collect();
-        let db = oxbow_worker::store::TaskDb::open(&dir.join(t.to_string()), id, &stores, &memory)?;
+        let stores: Vec<_> = app
+            .stage_steps(t.stage)
+            .iter()
+            .flat_map(|f| f(t).stores())
+            .collect();
+        let db = oxbow_worker::store::TaskDb::open(&dir.join(t.to_string()), t, &stores, &memory)?;
         for s in &stores {
             println!("{t}/{s} {:016x}", db.digest(s)?);
         }

@@ -237,7 +237,7 @@ mod tests {
     }
 
     fn run_task(t: u32, stores: &[StoreName]) {
-        let id = TaskId(t);
+        let id = TaskId::new(0, t);
         METRICS.lag.get_or_create(&task(id)).set(42);
         METRICS.records_in.get_or_create(&task(id)).inc();
         for s in stores {
@@ -253,7 +253,7 @@ mod tests {
         run_task(9002, &stores);
         assert_eq!(gauges_of(9001).len(), 6, "{:?}", gauges_of(9001));
 
-        forget_task(TaskId(9001), &stores);
+        forget_task(TaskId::new(0, 9001), &stores);
 
         assert_eq!(gauges_of(9001), Vec::<String>::new());
         assert!(
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_restore_that_stops_early_leaves_no_restore_series() {
-        let gauges = RestoreGauges::start(TaskId(9003));
+        let gauges = RestoreGauges::start(TaskId::new(0, 9003));
         gauges.set(100, 900, 50.0);
         assert!(
             series_of(9003)
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_finished_restore_reports_nothing_remaining() {
-        let gauges = RestoreGauges::start(TaskId(9004));
+        let gauges = RestoreGauges::start(TaskId::new(0, 9004));
         gauges.set(100, 900, 50.0);
         gauges.finish(1000, 80.0);
         let series = series_of(9004);

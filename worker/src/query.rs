@@ -1,11 +1,13 @@
 //! Interactive queries: read a store's committed state over HTTP, from any worker.
 //!
-//! A point lookup finds the key's task with the source partitioner (the store is keyed by
-//! the source record key, so the key lives where the producer put the record), then the
-//! task's owner in the routing table, and answers locally or forwards to the owner. A
-//! store keyed by anything else exists as one partial copy per task: the lookup asks
-//! every task (scatter) and returns each task's part. A range asks every pod for the
-//! tasks it holds actively and merges the answers in key order.
+//! A store belongs to one stage, and every key of a keyed store lives in exactly one task
+//! of that stage (the steps repartition to make it so, see `oxbow_crds::topology`). A
+//! point lookup finds the key's partition (the source partitioner for a stage-0 store,
+//! murmur2 behind a repartition topic), then the task's owner in the routing table, and
+//! answers locally or forwards to the owner. Only a store that is not keyed by what its
+//! records are partitioned by (a `batch` without `groupBy`, a custom processor's store)
+//! is asked on every task of its stage. A range asks every pod for the tasks of the
+//! store's stage it holds actively and merges the answers in key order.
 //!
 //! The pieces that decide are pure (partitioners, [`decide`], [`decode_entry`], parameter
 //! parsing) and unit-tested; [`Queries`] does the I/O: RocksDB reads on the blocking pool,
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use oxbow_crds::assignment::TaskPlacement;
+use oxbow_crds::topology::KeyRoute;
 use oxbow_crds::{Partitioner, RecordFormat, StoreName, TaskId};
 use serde_json::{Value as Json, json};
 
@@ -181,9 +184,10 @@ impl Layout {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreInfo {
     pub layout: Layout,
-    /// Keyed by the source record key: a point lookup goes to the key's one task.
-    /// Otherwise every task may hold a part of the key.
-    pub by_source_key: bool,
+    /// The stage whose tasks hold the store.
+    pub stage: u32,
+    /// How a key maps to one of those tasks.
+    pub route: KeyRoute,
 }
 
 /// What queries need from the app: its stores and how keys map to tasks.
@@ -197,58 +201,58 @@ pub struct Catalog {
 impl Catalog {
     pub fn from_app(app: &App) -> Self {
         let spec = &app.manifest.spec;
+        let topology = &app.topology;
         let mut stores = BTreeMap::new();
-        // Whether the record key still is the source record key at this step: a map
-        // with a key, an aggregate by something else and a batch all re-key.
-        let mut rekeyed = spec.source.key_format == RecordFormat::Json;
-        let is_key = |e: &str| e.trim() == "key";
         for step in &spec.steps {
-            if let Some(m) = &step.map {
-                rekeyed |= m.key.is_some();
-            } else if let Some(d) = &step.dedupe {
+            let layout = if let Some(d) = &step.dedupe {
                 let within = oxbow_crds::duration::parse_duration(&d.within)
                     .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
                     .unwrap_or(i64::MAX);
-                stores.insert(
-                    d.store.clone(),
-                    StoreInfo {
-                        layout: Layout::Dedupe { within },
-                        by_source_key: !rekeyed && is_key(&d.id),
-                    },
-                );
+                Layout::Dedupe { within }
             } else if let Some(a) = &step.aggregate {
-                stores.insert(
-                    a.store.clone(),
-                    StoreInfo {
-                        layout: Layout::Aggregate {
-                            fields: a.fields.keys().cloned().collect(),
-                            // The spec was compiled at load: a bad window cannot get here.
-                            rules: a
-                                .window
-                                .as_ref()
-                                .and_then(|w| WindowRules::from_spec(w).ok()),
-                        },
-                        by_source_key: !rekeyed && is_key(&a.group_by),
-                    },
-                );
-                rekeyed |= !is_key(&a.group_by);
-            } else if let Some(b) = &step.batch {
-                stores.insert(
-                    b.store.clone(),
-                    StoreInfo {
-                        layout: Layout::Batch,
-                        by_source_key: !rekeyed && b.group_by.as_deref().is_some_and(is_key),
-                    },
-                );
-                rekeyed = true;
+                Layout::Aggregate {
+                    fields: a.fields.keys().cloned().collect(),
+                    // The spec was compiled at load: a bad window cannot get here.
+                    rules: a
+                        .window
+                        .as_ref()
+                        .and_then(|w| WindowRules::from_spec(w).ok()),
+                }
+            } else if step.batch.is_some() {
+                Layout::Batch
+            } else {
+                continue;
+            };
+            let Some(store) = oxbow_crds::validate::step_store(step) else {
+                continue;
+            };
+            let mut route = topology
+                .routes
+                .get(&store)
+                .copied()
+                .unwrap_or(KeyRoute::EveryTask);
+            // A JSON source key is hashed as its JSON text, which a store key (the
+            // expression's string) is not: such a key can be on any task of stage 0.
+            if route == KeyRoute::Source && spec.source.key_format == RecordFormat::Json {
+                route = KeyRoute::EveryTask;
             }
+            stores.insert(
+                store.0.clone(),
+                StoreInfo {
+                    layout,
+                    stage: topology.stage_of_store(&store),
+                    route,
+                },
+            );
         }
         // Stores of processors compiled into a custom worker: their keys are unknown.
-        for f in &app.steps {
-            for s in f(TaskId(0)).stores() {
+        let last = topology.stage_count() - 1;
+        for f in app.stage_steps(last) {
+            for s in f(TaskId::new(last, 0)).stores() {
                 stores.entry(s.0).or_insert(StoreInfo {
                     layout: Layout::Custom,
-                    by_source_key: false,
+                    stage: last,
+                    route: KeyRoute::EveryTask,
                 });
             }
         }
@@ -257,6 +261,20 @@ impl Catalog {
             key_format: spec.source.key_format,
             stores,
         }
+    }
+
+    /// The partition of the store's stage that holds `key`, when the key says.
+    pub fn partition_of(
+        &self,
+        info: &StoreInfo,
+        key: &str,
+        partitions: u32,
+    ) -> Result<Option<u32>, String> {
+        Ok(match info.route {
+            KeyRoute::Source => partition_for(self.partitioner, &self.source_key(key)?, partitions),
+            KeyRoute::Murmur2 => partition_for(Partitioner::Murmur2, key.as_bytes(), partitions),
+            KeyRoute::EveryTask => None,
+        })
     }
 
     fn known(&self) -> String {
@@ -809,7 +827,7 @@ impl Queries {
     }
 
     fn local_copy(&self, status: Option<&WorkerStatus>, task: TaskId) -> Option<LocalCopy> {
-        let t = status?.tasks.iter().find(|t| t.task == task.0)?;
+        let t = status?.tasks.iter().find(|t| t.task == task)?;
         Some(LocalCopy {
             role: t.role,
             state: t.state,
@@ -857,39 +875,37 @@ impl Queries {
             params,
             forwarded,
         };
+        let stage = lookup.info.stage;
         let task = match lookup.params.task {
             Some(t) if n > 0 && t >= n => {
                 return Answer::bad(BadRequest(format!(
-                    "task={t} does not exist: the app has {n} tasks (0 to {})",
+                    "task={t} does not exist: the app has {n} tasks per stage (0 to {})",
                     n - 1
                 )));
             }
             Some(t) => Some(t),
-            None if lookup.info.by_source_key => {
-                let bytes = match self.catalog.source_key(&lookup.key) {
-                    Ok(b) => b,
-                    Err(e) => return Answer::bad(BadRequest(e)),
-                };
-                match partition_for(self.catalog.partitioner, &bytes, n) {
-                    Some(t) => Some(t),
-                    None => return unknown_task_count(),
-                }
-            }
-            None => None,
+            None if n == 0 => return unknown_task_count(),
+            None => match self.catalog.partition_of(&lookup.info, &lookup.key, n) {
+                Ok(p) => p,
+                Err(e) => return Answer::bad(BadRequest(e)),
+            },
         };
         match task {
-            Some(t) => self.one_task(&lookup, TaskId(t)).await,
+            Some(t) => self.one_task(&lookup, TaskId::new(stage, t)).await,
             None => self.scatter(&lookup, n).await,
         }
     }
 
-    /// Every task's part of a key of a store not keyed by the source key.
+    /// A key of a store whose keys are not partitioned (a `batch` without `groupBy`, a
+    /// custom processor's store): every task of its stage is asked.
     async fn scatter(&self, lookup: &Lookup, n: u32) -> Answer {
         if n == 0 {
             return unknown_task_count();
         }
-        let answers =
-            futures::future::join_all((0..n).map(|t| self.one_task(lookup, TaskId(t)))).await;
+        let answers = futures::future::join_all(
+            (0..n).map(|t| self.one_task(lookup, TaskId::new(lookup.info.stage, t))),
+        )
+        .await;
         let mut parts = Vec::new();
         let mut failed = Vec::new();
         let mut retry = None::<u64>;
@@ -902,7 +918,7 @@ impl Queries {
                         (Some(x), Some(y)) => Some(x.max(y)),
                         (x, y) => x.or(y),
                     };
-                    failed.push(json!({ "task": t, "status": a.status, "answer": a.body }));
+                    failed.push(json!({ "task": TaskId::new(lookup.info.stage, t as u32).to_string(), "status": a.status, "answer": a.body }));
                 }
             }
         }
@@ -911,7 +927,7 @@ impl Queries {
             let mut a = Answer::error(
                 503,
                 format!(
-                    "store {:?} is not keyed by the source record key, so every task holds a part of key {:?}, and {} of {n} tasks could not answer",
+                    "store {:?} is not keyed by what its records are partitioned by, so any task may hold key {:?}, and {} of {n} tasks could not answer",
                     lookup.store,
                     lookup.key,
                     failed.len()
@@ -952,7 +968,7 @@ impl Queries {
             max_staleness: lookup.params.max_staleness,
         };
         let context = json!({
-            "store": lookup.store, "key": lookup.key, "task": task.0, "partition": task.0, "servedBy": me,
+            "store": lookup.store, "key": lookup.key, "task": task.to_string(), "partition": task.partition, "servedBy": me,
         });
         match decide(&facts) {
             Decision::Local => self.read_key(lookup, task, &me, None).await,
@@ -1016,7 +1032,7 @@ impl Queries {
         stale: Option<i64>,
     ) -> Answer {
         let context = json!({
-            "store": lookup.store, "key": lookup.key, "task": task.0, "partition": task.0, "servedBy": me,
+            "store": lookup.store, "key": lookup.key, "task": task.to_string(), "partition": task.partition, "servedBy": me,
         });
         let Some(db) = self.shared.db(task) else {
             return Answer::error(
@@ -1076,10 +1092,10 @@ impl Queries {
         let url = format!(
             "http://{addr}{}?{}",
             lookup.path(),
-            lookup.params.query(Some(task.0), lookup.windows)
+            lookup.params.query(Some(task.partition), lookup.windows)
         );
         let context = json!({
-            "store": lookup.store, "key": lookup.key, "task": task.0, "partition": task.0, "servedBy": me,
+            "store": lookup.store, "key": lookup.key, "task": task.to_string(), "partition": task.partition, "servedBy": me,
         });
         self.get(&url, pod, me, context).await
     }
@@ -1187,7 +1203,7 @@ impl Queries {
         let mut retry = None::<u64>;
         let mut owners: BTreeMap<String, String> = BTreeMap::new();
         for t in (0..n).filter(|t| !covered.contains(t)) {
-            let task = TaskId(t);
+            let task = TaskId::new(info.stage, t);
             let facts = Facts {
                 me: &me,
                 task,
@@ -1253,7 +1269,7 @@ impl Queries {
                 .filter(|t| *t < n && !covered.contains(t))
                 .collect();
             for e in a.body["entries"].as_array().into_iter().flatten() {
-                let t = e["task"].as_u64().and_then(|t| u32::try_from(t).ok());
+                let t = e["partition"].as_u64().and_then(|t| u32::try_from(t).ok());
                 if let (Some(t), Some(k)) = (t, e["key"].as_str())
                     && fresh.contains(&t)
                 {
@@ -1308,7 +1324,8 @@ impl Queries {
                 s.tasks
                     .iter()
                     .filter(|t| t.role == Role::Active && t.state == TaskState::Running)
-                    .filter_map(|t| self.shared.db(TaskId(t.task)).map(|d| (TaskId(t.task), d)))
+                    .filter(|t| t.task.stage == info.stage)
+                    .filter_map(|t| self.shared.db(t.task).map(|d| (t.task, d)))
                     .collect()
             })
             .unwrap_or_default();
@@ -1324,12 +1341,12 @@ impl Queries {
                 {
                     let mut e = e;
                     if let Some(o) = e.as_object_mut() {
-                        o.insert("task".into(), json!(task.0));
-                        o.insert("partition".into(), json!(task.0));
+                        o.insert("task".into(), json!(task.to_string()));
+                        o.insert("partition".into(), json!(task.partition));
                     }
-                    out.push(((k, task.0), e));
+                    out.push(((k, task.partition), e));
                 }
-                covered.push(task.0);
+                covered.push(task.partition);
             }
             out.sort_by(|a, b| a.0.cmp(&b.0));
             out.truncate(want);
@@ -1515,7 +1532,7 @@ mod tests {
     ) -> Facts<'a> {
         Facts {
             me: "a",
-            task: TaskId(3),
+            task: TaskId::new(0, 3),
             local,
             placement: p,
             addresses: addrs,
@@ -1810,7 +1827,7 @@ mod tests {
     }
 
     #[test]
-    fn only_stores_keyed_by_the_untouched_source_key_route_by_partitioner() {
+    fn stores_route_by_the_source_partitioner_or_by_murmur2_behind_a_repartition() {
         let text = r#"
 apiVersion: oxbow.dev/v1alpha1
 kind: StreamApp
@@ -1829,14 +1846,24 @@ spec:
         let app = App::from_manifest(m, BTreeMap::new()).expect("app");
         let c = Catalog::from_app(&app);
         assert_eq!(c.partitioner, Partitioner::Crc32);
-        let by_key = |s: &str| c.stores.get(s).map(|i| i.by_source_key);
-        assert_eq!(by_key("seen"), Some(true));
-        assert_eq!(by_key("by-key"), Some(true));
-        assert_eq!(by_key("by-colour"), Some(false));
+        let route = |s: &str| c.stores.get(s).map(|i| (i.stage, i.route));
+        assert_eq!(route("seen"), Some((0, KeyRoute::Source)));
+        assert_eq!(route("by-key"), Some((0, KeyRoute::Source)));
         assert_eq!(
-            by_key("rekeyed"),
-            Some(false),
-            "after an aggregate by colour the key is the colour"
+            route("by-colour"),
+            Some((1, KeyRoute::Murmur2)),
+            "grouped by a field: behind a repartition topic"
+        );
+        assert_eq!(
+            route("rekeyed"),
+            Some((1, KeyRoute::Murmur2)),
+            "after an aggregate by colour the key is the colour, already co-located"
+        );
+        let info = c.stores.get("by-colour").cloned().expect("store");
+        assert_eq!(
+            c.partition_of(&info, "red", 8),
+            Ok(partition_for(Partitioner::Murmur2, b"red", 8)),
+            "the key's own partition, as the repartitioning stage wrote it"
         );
         assert!(matches!(
             c.stores.get("by-key").map(|i| &i.layout),

@@ -51,7 +51,7 @@ pub struct RestoreProgress {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatus {
-    pub task: u32,
+    pub task: TaskId,
     pub role: Role,
     pub state: TaskState,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,7 +76,7 @@ pub struct TaskStatus {
 }
 
 impl TaskStatus {
-    pub fn new(task: u32) -> Self {
+    pub fn new(task: TaskId) -> Self {
         Self {
             task,
             role: Role::Active,
@@ -109,7 +109,7 @@ pub struct WorkerStatus {
     /// Tasks assigned active here that wait for their previous owner to let go (they
     /// run as standbys meanwhile). The worker is not ready while any wait.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub waiting_for_release: Vec<u32>,
+    pub waiting_for_release: Vec<TaskId>,
     pub tasks: Vec<TaskStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -169,7 +169,7 @@ impl Shared {
             f(&mut s);
         }
     }
-    pub fn task(&self, task: u32, f: impl FnOnce(&mut TaskStatus)) {
+    pub fn task(&self, task: TaskId, f: impl FnOnce(&mut TaskStatus)) {
         self.update(|s| {
             if let Some(t) = s.tasks.iter_mut().find(|t| t.task == task) {
                 f(t);
@@ -233,7 +233,7 @@ impl Shared {
             s.tasks.sort_by_key(|x| x.task);
         });
     }
-    pub fn remove_task(&self, task: u32) {
+    pub fn remove_task(&self, task: TaskId) {
         self.update(|s| s.tasks.retain(|x| x.task != task));
     }
     /// The open store of a task, if this worker holds it.

@@ -444,7 +444,8 @@ mod tests {
         let mem = SharedMemory::new(8 << 20);
         let s = StoreName("counts".into());
         {
-            let db = TaskDb::open(&dir, TaskId(0), std::slice::from_ref(&s), &mem).expect("open");
+            let db = TaskDb::open(&dir, TaskId::new(0, 0), std::slice::from_ref(&s), &mem)
+                .expect("open");
             assert!(db.is_empty(&s).expect("empty"));
             let cl = BTreeMap::from([(s.clone(), 42)]);
             let src = BTreeMap::from([("in".to_string(), 7)]);
@@ -455,7 +456,8 @@ mod tests {
             )
             .expect("commit");
         }
-        let db = TaskDb::open(&dir, TaskId(0), std::slice::from_ref(&s), &mem).expect("reopen");
+        let db =
+            TaskDb::open(&dir, TaskId::new(0, 0), std::slice::from_ref(&s), &mem).expect("reopen");
         assert_eq!(db.get(&s, b"a").expect("get"), Some(b"1".to_vec()));
         let c = db.checkpoint().expect("checkpoint");
         assert_eq!(c.changelog.get(&s), Some(&42));
@@ -468,7 +470,8 @@ mod tests {
         let dir = tmp("ingest");
         let mem = SharedMemory::new(8 << 20);
         let s = StoreName("s".into());
-        let db = TaskDb::open(&dir, TaskId(1), std::slice::from_ref(&s), &mem).expect("open");
+        let db =
+            TaskDb::open(&dir, TaskId::new(0, 1), std::slice::from_ref(&s), &mem).expect("open");
         let first = BTreeMap::from([
             (b"a".to_vec(), Some(b"1".to_vec())),
             (b"b".to_vec(), Some(b"2".to_vec())),

@@ -7,18 +7,26 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use oxbow_crds::{ErrorPolicy, RecordFormat, TaskId};
+use oxbow_crds::{ErrorPolicy, Partitioner, RecordFormat, TaskId};
 use serde_json::Value as Json;
 
 use crate::config::App;
 use crate::expr::{Env, Input};
 use crate::overlay::Overlay;
 use crate::processor::{Context, Processor, Record, SourcePos, StepError};
+use crate::query::partition_for;
 use crate::store::{StoreError, TaskDb};
 
 /// Changelog header carrying the source positions that produced a unit of work's
 /// records: `topic:offset[,topic:offset]`, the last offset processed per topic.
 pub const SOURCE_HEADER: &str = "oxbow.source";
+
+/// Repartition record header carrying the record's own key as JSON: the Kafka key of a
+/// repartition record is the next stage's key, which the record's key need not be.
+pub const KEY_HEADER: &str = "oxbow.key";
+
+/// The error-policy reason of a record whose partition breaks `source.partitionedBy`.
+pub const NOT_PARTITIONED_AS_DECLARED: &str = "NotPartitionedAsDeclared";
 
 /// 9999-12-31T23:59:59.999Z: the largest event time accepted.
 pub const MAX_TIMESTAMP: i64 = 253_402_300_799_999;
@@ -31,6 +39,8 @@ pub struct SourceMessage<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     pub timestamp: Option<i64>,
+    /// Stage > 0: the record's own key as JSON ([`KEY_HEADER`]).
+    pub record_key: Option<&'a [u8]>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +48,17 @@ pub enum Output {
     Sink {
         key: Option<Vec<u8>>,
         value: Vec<u8>,
+        timestamp: i64,
+    },
+    /// To the next stage: keyed by its key, to the partition murmur2 gives that key.
+    Repartition {
+        topic: Arc<str>,
+        partition: i32,
+        key: Vec<u8>,
+        /// The record's value as JSON.
+        value: Vec<u8>,
+        /// The record's key as JSON ([`KEY_HEADER`]).
+        record_key: Vec<u8>,
         timestamp: i64,
     },
     /// The original bytes with the reason in headers.
@@ -66,6 +87,10 @@ pub struct Commit {
 
 pub struct Task {
     pub id: TaskId,
+    /// Partitions of every stage (the source partition count).
+    partitions: u32,
+    /// The next stage's repartition topic, when this stage is not the last.
+    next_topic: Option<Arc<str>>,
     /// Shared with query readers; only the engine writes.
     pub db: Arc<TaskDb>,
     overlay: Overlay,
@@ -78,9 +103,17 @@ pub struct Task {
 }
 
 impl Task {
-    pub fn new(id: TaskId, db: Arc<TaskDb>, processors: Vec<Box<dyn Processor>>) -> Self {
+    pub fn new(
+        app: &App,
+        id: TaskId,
+        partitions: u32,
+        db: Arc<TaskDb>,
+        processors: Vec<Box<dyn Processor>>,
+    ) -> Self {
         Self {
             id,
+            partitions,
+            next_topic: app.next_stage_topic(id.stage).map(Arc::from),
             db,
             overlay: Overlay::default(),
             processors,
@@ -180,42 +213,10 @@ impl Task {
         now: i64,
         produced: &mut Vec<Output>,
     ) -> Result<(), (String, StepError)> {
-        let spec = &app.manifest.spec;
-        let key = decode(msg.key, spec.source.key_format).map_err(|e| {
-            (
-                "deserialize".to_string(),
-                StepError::Record(format!("failed to decode key: {e}")),
-            )
-        })?;
-        let value = decode(msg.value, spec.source.value_format).map_err(|e| {
-            (
-                "deserialize".to_string(),
-                StepError::Record(format!("failed to decode value: {e}")),
-            )
-        })?;
-        let kafka_ts = msg.timestamp.unwrap_or(now);
-        let timestamp = match &app.timestamp {
-            Some(e) => e
-                .timestamp(
-                    env,
-                    &Input {
-                        key: &key,
-                        value: &value,
-                        timestamp: kafka_ts,
-                    },
-                )
-                .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
-            None => kafka_ts,
+        let (key, value, timestamp) = match self.id.stage {
+            0 => self.decode_source(app, env, msg, now)?,
+            _ => decode_repartitioned(msg, now)?,
         };
-        // Window arithmetic needs sane times: 1970 to 9999.
-        if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
-            return Err((
-                "timestamp".to_string(),
-                StepError::Record(format!(
-                    "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
-                )),
-            ));
-        }
         let records = vec![(
             Record {
                 key,
@@ -242,7 +243,17 @@ impl Task {
             isolate,
             &mut dead,
         )?;
-        sink(app, env, records, isolate, &mut dead, produced)?;
+        Self::emit_to(
+            self.next_topic.as_ref(),
+            self.partitions,
+            self.id.stage,
+            app,
+            env,
+            records,
+            isolate,
+            &mut dead,
+            produced,
+        )?;
         let src = ctx.source.clone();
         dead_emissions(self.id, app, dead, src.as_ref(), produced);
         Ok(())
@@ -284,7 +295,19 @@ impl Task {
                         &mut dead,
                     )
                 })
-                .and_then(|recs| sink(app, env, recs, isolate, &mut dead, &mut produced));
+                .and_then(|recs| {
+                    Self::emit_to(
+                        self.next_topic.as_ref(),
+                        self.partitions,
+                        self.id.stage,
+                        app,
+                        env,
+                        recs,
+                        isolate,
+                        &mut dead,
+                        &mut produced,
+                    )
+                });
             if r.is_err() {
                 result = r;
                 break;
@@ -314,6 +337,124 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// A stage-0 record: decoded with the source formats, its event time from
+    /// `source.timestamp`, and its partition checked against `source.partitionedBy`.
+    fn decode_source(
+        &self,
+        app: &App,
+        env: &Env,
+        msg: &SourceMessage<'_>,
+        now: i64,
+    ) -> Result<(Json, Json, i64), (String, StepError)> {
+        let spec = &app.manifest.spec;
+        let key = decode(msg.key, spec.source.key_format).map_err(|e| {
+            (
+                "deserialize".to_string(),
+                StepError::Record(format!("failed to decode key: {e}")),
+            )
+        })?;
+        let value = decode(msg.value, spec.source.value_format).map_err(|e| {
+            (
+                "deserialize".to_string(),
+                StepError::Record(format!("failed to decode value: {e}")),
+            )
+        })?;
+        let kafka_ts = msg.timestamp.unwrap_or(now);
+        let input = Input {
+            key: &key,
+            value: &value,
+            timestamp: kafka_ts,
+        };
+        if let Some(e) = &app.partitioned_by {
+            let k = e
+                .key(env, &input)
+                .map_err(|e| ("partitionedBy".to_string(), StepError::from(e)))?;
+            let want = partition_for(spec.source.partitioner, k.as_bytes(), self.partitions);
+            if want != Some(msg.partition as u32) {
+                return Err((
+                    "partitionedBy".to_string(),
+                    StepError::Record(format!(
+                        "{NOT_PARTITIONED_AS_DECLARED}: source.partitionedBy {:?} gives {k:?}, which the {:?} partitioner puts in partition {}, but the record is in partition {}; fix the producer, or remove partitionedBy so the app repartitions",
+                        e.source(),
+                        spec.source.partitioner,
+                        want.map_or("?".into(), |p| p.to_string()),
+                        msg.partition
+                    )),
+                ));
+            }
+        }
+        let timestamp = match &app.timestamp {
+            Some(e) => e
+                .timestamp(env, &input)
+                .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
+            None => kafka_ts,
+        };
+        // Window arithmetic needs sane times: 1970 to 9999.
+        if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
+            return Err((
+                "timestamp".to_string(),
+                StepError::Record(format!(
+                    "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
+                )),
+            ));
+        }
+        Ok((key, value, timestamp))
+    }
+
+    /// The records that reached the end of this stage: to the next stage's repartition
+    /// topic, or to the sink.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_to(
+        next_topic: Option<&Arc<str>>,
+        partitions: u32,
+        stage: u32,
+        app: &App,
+        env: &Env,
+        records: Flow,
+        isolate: bool,
+        dead: &mut Vec<DeadEmission>,
+        out: &mut Vec<Output>,
+    ) -> Result<(), (String, StepError)> {
+        let Some(topic) = next_topic else {
+            return sink(app, env, records, isolate, dead, out);
+        };
+        let Some(key_expr) = app
+            .stage_keys
+            .get(stage as usize + 1)
+            .and_then(Option::as_ref)
+        else {
+            return sink(app, env, records, isolate, dead, out);
+        };
+        let step = match app.topology.next(stage).map(|s| &s.input) {
+            Some(oxbow_crds::topology::StageInput::Repartition { step, .. }) => step.clone(),
+            _ => "repartition".to_string(),
+        };
+        for (r, emitted) in records {
+            let k = key_expr.key(env, &input_of(&r));
+            match k {
+                Ok(k) => {
+                    let partition = partition_for(Partitioner::Murmur2, k.as_bytes(), partitions)
+                        .unwrap_or(0) as i32;
+                    out.push(Output::Repartition {
+                        topic: topic.clone(),
+                        partition,
+                        key: k.into_bytes(),
+                        value: serde_json::to_vec(&r.value).unwrap_or_default(),
+                        record_key: serde_json::to_vec(&r.key).unwrap_or_default(),
+                        timestamp: r.timestamp,
+                    });
+                }
+                Err(e) if emitted && isolate => dead.push(DeadEmission {
+                    step: step.clone(),
+                    error: e.to_string(),
+                    record: r,
+                }),
+                Err(e) => return Err((step.clone(), StepError::from(e))),
+            }
+        }
+        Ok(())
     }
 
     /// Drains the unit of work for a commit.
@@ -466,6 +607,34 @@ fn sink_one(app: &App, env: &Env, r: &Record) -> Result<Output, StepError> {
         value: serde_json::to_vec(&value).unwrap_or_default(),
         timestamp: r.timestamp,
     })
+}
+
+fn input_of(r: &Record) -> Input<'_> {
+    Input {
+        key: &r.key,
+        value: &r.value,
+        timestamp: r.timestamp,
+    }
+}
+
+/// A record of stage > 0, as the stage before wrote it: the value and [`KEY_HEADER`] as
+/// JSON, the event time as the Kafka timestamp.
+fn decode_repartitioned(
+    msg: &SourceMessage<'_>,
+    now: i64,
+) -> Result<(Json, Json, i64), (String, StepError)> {
+    let bad = |what: &str, e: String| {
+        (
+            "deserialize".to_string(),
+            StepError::Record(format!("failed to decode repartitioned {what}: {e}")),
+        )
+    };
+    let key = match msg.record_key {
+        Some(k) => serde_json::from_slice(k).map_err(|e| bad("key", e.to_string()))?,
+        None => Json::Null,
+    };
+    let value = decode(msg.value, RecordFormat::Json).map_err(|e| bad("value", e))?;
+    Ok((key, value, msg.timestamp.unwrap_or(now)))
 }
 
 /// Keys: strings as their bytes, null as no key, anything else as JSON text.

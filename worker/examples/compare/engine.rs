@@ -186,13 +186,20 @@ fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
         c = setup.commit_ms,
         i = s.input,
     );
+    // W1 and W3 payments are keyed by their user with the Java partitioner (as the
+    // Kafka Streams peer's groupByKey needs): said so, Oxbow groups in place, as before
+    // repartitioning existed, and checks every record's partition instead.
+    let header_by_user = header.replace(
+        "source: {topics: [",
+        "source: {partitionedBy: value.user, topics: [",
+    );
     match s.workload {
         "w1" => format!(
-            "{header}  steps:\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
+            "{header_by_user}  steps:\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
             o = s.output
         ),
         "w3" => format!(
-            "{header}  steps:\n  - aggregate:\n      store: per-key\n      groupBy: value.user\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
+            "{header_by_user}  steps:\n  - aggregate:\n      store: per-key\n      groupBy: value.user\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  sink: {{topic: {o}}}\n",
             o = s.output
         ),
         "w2" => {
@@ -206,6 +213,8 @@ fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
             spec["processingGuarantee"] = s.guarantee.oxbow().into();
             spec["commitInterval"] = format!("{}ms", setup.commit_ms).into();
             spec["source"]["topics"] = vec![serde_yaml::Value::from(s.input.clone())].into();
+            // Keyed by txId like the peer's input: dedupe in place (see W1).
+            spec["source"]["partitionedBy"] = "value.txId".into();
             spec["sink"]["topic"] = s.output.clone().into();
             spec["errors"]["topic"] = s.dlq.clone().into();
             serde_yaml::to_string(&m).expect("manifest")

@@ -296,13 +296,30 @@ impl WorkerBuilder {
         }
     }
 
-    /// Runs a worker until it has committed everything now in `input`, then stops it
-    /// with SIGTERM (asserting a clean exit).
+    /// Runs a worker until it has committed everything now in `input`, and every later
+    /// stage everything its repartition topic got, then stops it with SIGTERM
+    /// (asserting a clean exit).
     pub fn process_all(&self, input: &str) {
         let mut w = self.spawn();
         w.wait_ready(Duration::from_secs(90));
         w.wait_committed(input, &end_offsets(input), Duration::from_secs(120));
+        for (stage, topic) in self.repartition_topics() {
+            // The stage before has committed all it wrote: these ends are final.
+            let ends = data_ends(&topic);
+            w.wait_stage_committed(stage, &topic, &ends, Duration::from_secs(120));
+        }
         w.stop();
+    }
+
+    /// The app's repartition topics with the stage that reads each, in stage order.
+    pub fn repartition_topics(&self) -> Vec<(u32, String)> {
+        let app: oxbow_crds::StreamApp =
+            serde_yaml::from_str(&self.manifest).expect("the test's manifest parses");
+        oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec)
+            .repartition_topics()
+            .into_iter()
+            .map(|(stage, topic)| (stage.index, topic.to_string()))
+            .collect()
     }
 
     pub fn spawn(&self) -> Worker {
@@ -409,7 +426,19 @@ impl Worker {
     }
 
     /// Waits until every task's committed position reached `ends` (topic → partition → end).
+    /// Waits until the stage-0 tasks have committed `topic` (a source) up to `ends`.
     pub fn wait_committed(&mut self, topic: &str, ends: &BTreeMap<i32, i64>, timeout: Duration) {
+        self.wait_stage_committed(0, topic, ends, timeout);
+    }
+
+    /// Waits until this worker's tasks of `stage` have committed `topic` up to `ends`.
+    pub fn wait_stage_committed(
+        &mut self,
+        stage: u32,
+        topic: &str,
+        ends: &BTreeMap<i32, i64>,
+        timeout: Duration,
+    ) {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.exited() {
@@ -422,7 +451,14 @@ impl Worker {
                 && let Some(tasks) = s["tasks"].as_array()
                 && !tasks.is_empty()
                 && tasks.iter().all(|t| {
-                    let p = t["task"].as_i64().unwrap_or(-1) as i32;
+                    let id = t["task"].as_str().unwrap_or_default();
+                    let Some((st, p)) = id.split_once('_') else {
+                        return false;
+                    };
+                    if st.parse::<u32>().ok() != Some(stage) {
+                        return true;
+                    }
+                    let p = p.parse::<i32>().unwrap_or(-1);
                     let want = ends.get(&p).copied().unwrap_or(0);
                     t["positions"][topic].as_i64().unwrap_or(0) >= want
                 })
@@ -431,7 +467,7 @@ impl Worker {
             }
             assert!(
                 Instant::now() < deadline,
-                "worker did not commit up to {ends:?} of {topic} within {timeout:?}; status: {:?}\nlog:\n{}",
+                "worker's stage-{stage} tasks did not commit up to {ends:?} of {topic} within {timeout:?}; status: {:?}\nlog:\n{}",
                 self.status(),
                 self.logs()
             );
@@ -524,4 +560,114 @@ pub fn digests(manifest_path: &Path, state_dir: &Path) -> BTreeMap<String, Strin
                 .map(|(a, b)| (a.to_string(), b.trim().to_string()))
         })
         .collect()
+}
+
+/// The partition count of `topic`, or `None` when it does not exist. Asks for the
+/// metadata of every topic: a request naming a missing topic may make a broker with
+/// `auto.create.topics.enable` create it.
+pub fn topic_partitions(topic: &str) -> Option<usize> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("consumer");
+    let md = wait_for(
+        "the cluster's topic metadata",
+        Duration::from_secs(30),
+        || c.fetch_metadata(None, Duration::from_secs(5)).ok(),
+    );
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len())
+}
+
+/// Reads `topic` (as `isolation`) until `done` holds for everything in it, or panics
+/// after `timeout` saying `what` did not happen and how many records there were. A
+/// topic that does not exist yet (one the worker creates) reads as empty.
+pub fn read_until(
+    topic: &str,
+    isolation: &str,
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut(&[Out]) -> bool,
+) -> Vec<Out> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let out = if topic_partitions(topic).is_some() {
+            read_all(topic, isolation)
+        } else {
+            Vec::new()
+        };
+        if done(&out) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what} in {topic} ({} records there)",
+            out.len()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Waits until the tasks of `stage` (ids `<stage>_<partition>`) over all `workers` have
+/// committed `topic` up to `ends` (partition → end offset): every partition of `ends`
+/// must be reported by some worker. Use it on a source topic (no transaction markers);
+/// on a topic written in transactions the last offset is a marker no task reads past.
+pub fn wait_stage_committed(
+    workers: &mut [&mut Worker],
+    stage: u32,
+    topic: &str,
+    ends: &BTreeMap<i32, i64>,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut positions: BTreeMap<i32, i64> = BTreeMap::new();
+        for w in workers.iter_mut() {
+            if let Some(st) = w.exited() {
+                panic!(
+                    "worker exited with {st} while processing; log:\n{}",
+                    w.logs()
+                );
+            }
+            let Some(s) = w.status() else { continue };
+            for t in s["tasks"].as_array().into_iter().flatten() {
+                let id = t["task"].as_str().unwrap_or_default();
+                if let Some((st, p)) = id.split_once('_')
+                    && st.parse::<u32>().ok() == Some(stage)
+                    && let Ok(p) = p.parse::<i32>()
+                {
+                    positions.insert(p, t["positions"][topic].as_i64().unwrap_or(0));
+                }
+            }
+        }
+        if ends
+            .iter()
+            .all(|(p, end)| positions.get(p).is_some_and(|pos| pos >= end))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stage-{stage} tasks did not commit {topic} up to {ends:?} within {timeout:?}; committed: {positions:?}\nlogs:\n{}",
+            workers
+                .iter()
+                .map(|w| w.logs())
+                .collect::<Vec<_>>()
+                .join("\n-----\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Per partition, one past the last committed data record of `topic` (transaction
+/// markers are not records a task processes, so the log end can be beyond it).
+pub fn data_ends(topic: &str) -> BTreeMap<i32, i64> {
+    let mut ends = BTreeMap::new();
+    for o in read_all(topic, "read_committed") {
+        let e = ends.entry(o.partition).or_insert(0);
+        *e = (*e).max(o.offset + 1);
+    }
+    ends
 }
