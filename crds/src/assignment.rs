@@ -442,7 +442,7 @@ mod tests {
         let lag = |pod: &str, t: &TaskId| facts_of(pods, pod).and_then(|f| f.state_lag.get(t));
         assert_eq!(
             a.tasks.len(),
-            p.tasks as usize,
+            (p.tasks * p.stages) as usize,
             "every task is placed: {a:?}"
         );
         for (t, tp) in &a.tasks {
@@ -947,7 +947,11 @@ mod tests {
             },
         );
         let text = serde_json::to_string(&a).expect("serializes");
-        assert!(text.contains("\"0\":{\"active\":"), "{text}");
+        assert!(text.contains("\"0_0\":{\"active\":"), "{text}");
+        // Written before tasks had stages: a bare partition is a stage-0 task.
+        let old: Assignment =
+            serde_json::from_str(&text.replace("\"0_0\"", "\"0\"")).expect("old form parses");
+        assert_eq!(old, a);
         let back: Assignment = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, a);
     }

@@ -433,7 +433,13 @@ fn step_names(spec: &StreamAppSpec) -> Vec<ValidationError> {
     // The application id only prefixes every name: a placeholder finds the same clashes
     // among repartition topics; against the user's topics the real id is checked by the
     // caller that knows it (see `topic_collisions`).
-    errors.extend(topic_collisions("<applicationId>", spec, false));
+    // Two steps sharing a store also share its default topic name: that is reported
+    // as DuplicateStore already.
+    let stores = stores(spec);
+    let unique: std::collections::BTreeSet<_> = stores.iter().collect();
+    if unique.len() == stores.len() {
+        errors.extend(topic_collisions("<applicationId>", spec, false));
+    }
     errors
 }
 

@@ -27,15 +27,16 @@ async fn all_tasks_running(
             .and_then(|t| t.parse::<Timestamp>().ok())
             .is_some_and(|t| t.as_second() >= since.as_second())
     };
-    let mut tasks: Vec<i32> = st
+    let mut tasks: Vec<oxbow_crds::TaskId> = st
         .instances
         .iter()
         .filter(fresh)
         .filter(|i| i.state.as_deref() == Some("Running"))
         .flat_map(|i| i.active_tasks.clone())
+        .filter_map(|t| t.parse().ok())
         .collect();
     tasks.sort_unstable();
-    if tasks == (0..12).collect::<Vec<_>>() {
+    if tasks == oxbow_crds::TaskId::all(1, 12).collect::<Vec<_>>() {
         Ok(st
             .instances
             .iter()

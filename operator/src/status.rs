@@ -773,7 +773,7 @@ mod tests {
         a.restore_remaining = Some(300);
         a.restore_rate = Some(100);
         a.active_tasks = vec!["0_0".into(), "0_1".into(), "0_2".into()];
-        a.state_lag = [("0".to_string(), 300), ("1".to_string(), 0)].into();
+        a.state_lag = [("0_0".to_string(), 300), ("0_1".to_string(), 0)].into();
         let mut b = worker("app-1");
         b.state = Some("Restoring".into());
         b.restored = Some(170);
