@@ -544,6 +544,6 @@ mod tests {
         };
         let e = instance_entry("app-0", "a:1", &s);
         assert_eq!(e.state.as_deref(), Some("Failed"));
-        assert_eq!(e.last_error.as_deref(), Some("task 3: step map: boom"));
+        assert_eq!(e.last_error.as_deref(), Some("task 0_3: step map: boom"));
     }
 }

@@ -217,7 +217,7 @@ mod tests {
 
     /// The encoded series that carry this task's label.
     fn series_of(t: u32) -> Vec<String> {
-        let needle = format!("task=\"{t}\"");
+        let needle = format!("task=\"0_{t}\"");
         encode()
             .lines()
             .filter(|l| !l.starts_with('#') && l.contains(&needle))
@@ -273,7 +273,7 @@ mod tests {
         assert!(
             series_of(9003)
                 .iter()
-                .any(|l| l == "oxbow_worker_restore_remaining_records{task=\"9003\"} 900"),
+                .any(|l| l == "oxbow_worker_restore_remaining_records{task=\"0_9003\"} 900"),
             "{:?}",
             series_of(9003)
         );
@@ -289,9 +289,10 @@ mod tests {
         gauges.finish(1000, 80.0);
         let series = series_of(9004);
         assert!(
-            series.contains(&"oxbow_worker_restore_remaining_records{task=\"9004\"} 0".into())
-                && series
-                    .contains(&"oxbow_worker_restore_restored_records{task=\"9004\"} 1000".into()),
+            series.contains(&"oxbow_worker_restore_remaining_records{task=\"0_9004\"} 0".into())
+                && series.contains(
+                    &"oxbow_worker_restore_restored_records{task=\"0_9004\"} 1000".into()
+                ),
             "{series:?}"
         );
     }
