@@ -53,6 +53,8 @@ pub struct App {
     pub partitioned_by: Option<Expr>,
     /// Per stage: the key its repartition topic is keyed by (`None` for stage 0).
     pub stage_keys: Vec<Option<Expr>>,
+    /// Per stage: the topics its tasks read (derived once: the engine asks per record).
+    stage_inputs: Vec<Vec<String>>,
     /// librdkafka properties from the spec and the secret directory.
     pub kafka: BTreeMap<String, String>,
 }
@@ -145,10 +147,16 @@ impl App {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(crate::steps::CompileError::from)?;
+        let stage_inputs = topology
+            .stages
+            .iter()
+            .map(|s| s.input_topics(spec))
+            .collect();
         Ok(Self {
             topology,
             partitioned_by,
             stage_keys,
+            stage_inputs,
             application_id: manifest.application_id(),
             guarantee: spec.processing_guarantee,
             commit_interval,
@@ -178,11 +186,10 @@ impl App {
     }
 
     /// The topics a task of `stage` reads.
-    pub fn inputs(&self, stage: u32) -> Vec<String> {
-        self.topology
-            .stage(stage)
-            .map(|s| s.input_topics(&self.manifest.spec))
-            .unwrap_or_default()
+    pub fn inputs(&self, stage: u32) -> &[String] {
+        self.stage_inputs
+            .get(stage as usize)
+            .map_or(&[], Vec::as_slice)
     }
 
     /// The repartition topic the stage after `stage` reads, if any.

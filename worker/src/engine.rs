@@ -733,7 +733,7 @@ impl Engine {
     fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
         for topic in self.app.inputs(id.stage) {
-            tpl.add_partition(&topic, id.kafka_partition());
+            tpl.add_partition(topic, id.kafka_partition());
         }
         tpl
     }
@@ -780,7 +780,7 @@ impl Engine {
         let mut tpl = TopicPartitionList::new();
         for (id, _) in &batch {
             for topic in app.inputs(id.stage) {
-                tpl.add_partition(&topic, id.kafka_partition());
+                tpl.add_partition(topic, id.kafka_partition());
             }
         }
         let committed_tpl = self
@@ -806,7 +806,7 @@ impl Engine {
             // commit; the positions kept with the state are then the best truth, far
             // better than reprocessing the topic from the start into existing state.
             let kept = db.checkpoint()?.source;
-            for topic in &inputs {
+            for topic in inputs {
                 if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
                     tracing::warn!(task = %id, topic, position = pos,
                         "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
@@ -895,10 +895,10 @@ impl Engine {
         });
         for topic in app.inputs(id.stage) {
             let off = done
-                .get(&topic)
+                .get(topic)
                 .map_or(Offset::Beginning, |o| Offset::Offset(*o));
             assign
-                .add_partition_offset(&topic, id.kafka_partition(), off)
+                .add_partition_offset(topic, id.kafka_partition(), off)
                 .map_err(EngineError::AssignPartitions)?;
         }
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
@@ -1020,7 +1020,7 @@ impl Engine {
         let mut tpl = TopicPartitionList::new();
         for id in ids {
             for topic in self.app.inputs(id.stage) {
-                tpl.add_partition(&topic, id.kafka_partition());
+                tpl.add_partition(topic, id.kafka_partition());
             }
         }
         if tpl.count() == 0 {
@@ -1110,7 +1110,7 @@ impl Engine {
                         apply_standby_record(
                             &mut self.standbys,
                             self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
-                            &self.app.inputs(id.stage),
+                            self.app.inputs(id.stage),
                             id,
                             store,
                             &m,
@@ -1246,7 +1246,7 @@ impl Engine {
         for t in ids {
             let sources = self.app.inputs(t.stage);
             if let Some(sb) = self.standbys.get_mut(&t) {
-                drain_held(sb, &sources);
+                drain_held(sb, sources);
             }
             self.flush_standby(t)?;
         }
@@ -1607,9 +1607,9 @@ impl Engine {
             for topic in self.app.inputs(id.stage) {
                 if let Ok((_, high)) =
                     self.side
-                        .fetch_watermarks(&topic, id.kafka_partition(), Duration::from_secs(2))
+                        .fetch_watermarks(topic, id.kafka_partition(), Duration::from_secs(2))
                 {
-                    let pos = task.positions.get(&topic).copied().unwrap_or(0);
+                    let pos = task.positions.get(topic).copied().unwrap_or(0);
                     lag += (high - pos).max(0);
                 }
             }
