@@ -238,11 +238,13 @@ const STALLED: &[(&str, &str, &str, &str, &str)] = &[
 
 fn render(name: &str, source: &str, from: &str, to: &str) -> String {
     let base = apps::manifest(name, &[source], "");
+    let fill = |text: &str| text.replace("SOURCE", source).replace("NAME", name);
+    let from = fill(from);
     assert!(
-        base.contains(from),
+        base.contains(&from),
         "fixture text {from:?} not in the base manifest"
     );
-    base.replacen(from, &to.replace("SOURCE", source).replace("NAME", name), 1)
+    base.replacen(&from, &fill(to), 1)
 }
 
 #[tokio::test]
@@ -257,12 +259,7 @@ async fn every_bad_manifest_gets_a_clear_message() {
     let mut failures = Vec::new();
     for (case, from, to, want) in REJECTED {
         let name = unique("bad");
-        let manifest = render(
-            &name,
-            &source,
-            &from.replace("SOURCE", &source).replace("NAME", &name),
-            to,
-        );
+        let manifest = render(&name, &source, from, to);
         let (ok, out, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
         if ok || !err.contains(want) {
             failures.push(format!(

@@ -74,7 +74,9 @@ async fn missing_or_unequal_source_topics_stall_with_their_partition_counts() {
     // The operator looks again: once the topic exists the app proceeds.
     kafka::create_topic(&missing, 2).await;
     let app = apps::wait_condition(&api, &lonely, "Ready", "True", Duration::from_secs(120)).await;
-    assert_eq!(app.status.and_then(|s| s.tasks), Some(2));
+    // Two partitions in each of three stages: the source, then the dedupe by txId and
+    // the aggregate by userId, each behind its own repartition topic.
+    assert_eq!(app.status.and_then(|s| s.tasks), Some(6));
 
     apps::delete_all(&api).await;
     ns.delete().await;

@@ -23,7 +23,11 @@ use oxbow_e2e::harness::{
 };
 use serde_json::{Value, json};
 
-const TASKS: u32 = 12;
+const PARTITIONS: u32 = 12;
+/// `apps::manifest` has three stages: the source, the dedupe by txId and the aggregate
+/// by userId (each of the keyed steps behind its repartition topic).
+const STAGES: u32 = 3;
+const TASKS: u32 = PARTITIONS * STAGES;
 
 async fn assignment(cms: &Api<ConfigMap>, app: &str) -> Result<Assignment, String> {
     let cm = cms
@@ -180,7 +184,7 @@ async fn setup(prefix: &str) -> (kube::Client, TestNamespace, String, OperatorPr
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, prefix).await;
     let source = unique("events");
-    kafka::create_topic(&source, TASKS as i32).await;
+    kafka::create_topic(&source, PARTITIONS as i32).await;
     let operator = OperatorProcess::start(&ns.name);
     let name = unique("placed");
     let manifest = apps::manifest(&name, &[&source], "  standbyReplicas: 1\n")
@@ -223,7 +227,11 @@ async fn every_task_gets_one_active_and_its_standbys_on_distinct_pods() {
     let pods: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
     let a = wait_balanced(&cms, &name, &pods).await;
     for p in &pods {
-        assert_eq!(actives_of(&a, p).len(), 4, "12 tasks over 3 pods: {a:?}");
+        assert_eq!(
+            actives_of(&a, p).len(),
+            TASKS as usize / 3,
+            "{TASKS} tasks over 3 pods: {a:?}"
+        );
     }
     // Owned and labelled like every child, so it goes with the app.
     let cm = cms.get(&format!("{name}-assignment")).await.expect("cm");

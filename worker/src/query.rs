@@ -1278,7 +1278,10 @@ impl Queries {
             }
             covered.extend(fresh);
         }
-        let missing: Vec<u32> = (0..n).filter(|t| !covered.contains(t)).collect();
+        let missing: Vec<String> = (0..n)
+            .filter(|t| !covered.contains(t))
+            .map(|t| TaskId::new(info.stage, t).to_string())
+            .collect();
         if !missing.is_empty() {
             let mut a = Answer::error(
                 503,

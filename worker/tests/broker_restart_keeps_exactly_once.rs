@@ -70,7 +70,8 @@ metadata: {{name: {app}}}
 spec:
   kafka: {{bootstrapServers: "{bootstrap}"}}
   processingGuarantee: exactly_once
-  source: {{topics: [{input}]}}
+  # Producers key by k: the aggregate needs no repartition.
+  source: {{topics: [{input}], partitionedBy: value.k}}
   steps:
   - aggregate:
       store: totals
@@ -114,7 +115,7 @@ spec:
             s["tasks"].as_array().is_some_and(|ts| {
                 ts.len() == 2
                     && ts.iter().all(|t| {
-                        let p = t["task"].as_i64().unwrap() as i32;
+                        let (_, p) = task_id(t).unwrap();
                         t["positions"][&input].as_i64().unwrap_or(0) >= ends[&p]
                     })
             })

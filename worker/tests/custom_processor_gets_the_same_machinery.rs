@@ -54,8 +54,8 @@ fn run_until_done(manifest: &std::path::Path, state: &std::path::Path, input: &s
             && s["state"] == "Running"
             && !tasks.is_empty()
             && tasks.iter().all(|t| {
-                let p = t["task"].as_i64().unwrap_or(-1) as i32;
-                t["positions"][input].as_i64().unwrap_or(0) >= ends[&p]
+                task_id(t)
+                    .is_some_and(|(_, p)| t["positions"][input].as_i64().unwrap_or(0) >= ends[&p])
             }))
         .then_some(())
     };

@@ -1,8 +1,8 @@
 //! Interactive queries across two standalone workers (`--peers`) over a 4-partition
 //! topic: every key is answered, with the right value, by both workers (one reads it,
 //! the other forwards to it); windows, ranges with paging, a store keyed by something
-//! else than the source key (scatter), the 404s and 400s, and the 503 of an owner that
-//! is gone.
+//! else than the source key (behind a repartition, routed by its own key's partition),
+//! the 404s and 400s, and the 503 of an owner that is gone.
 //!
 //! The records are produced by librdkafka's `murmur2_random` partitioner and the workers
 //! route with their own murmur2: a key answered by the task the test computes proves
@@ -139,6 +139,17 @@ fn every_key_is_answered_correctly_by_every_worker() {
         w.wait_ready(Duration::from_secs(90));
         w.wait_committed(&input, &ends, Duration::from_secs(120));
     }
+    // by-colour is stage 1, behind `<app>-by-colour-repartition`.
+    let by_colour = format!("{app}-by-colour-repartition");
+    let repartitioned = data_ends(&by_colour);
+    let mut all: Vec<&mut Worker> = workers.iter_mut().collect();
+    wait_stage_committed(
+        &mut all,
+        1,
+        &by_colour,
+        &repartitioned,
+        Duration::from_secs(120),
+    );
     let addrs: Vec<SocketAddr> = workers.iter().map(|w| w.addr).collect();
 
     // Point lookups: every key, from both workers.
@@ -149,7 +160,11 @@ fn every_key_is_answered_correctly_by_every_worker() {
             assert_eq!(code, 200, "worker {i}, key {key:?}: {v}");
             assert_eq!(v["found"], json!(true), "{v}");
             assert_eq!(v["key"], json!(key), "{v}");
-            assert_eq!(v["task"], json!(task), "key {key:?} routes by murmur2: {v}");
+            assert_eq!(
+                v["task"],
+                json!(format!("0_{task}")),
+                "key {key:?} routes by murmur2: {v}"
+            );
             assert_eq!(v["partition"], json!(task), "{v}");
             assert_eq!(
                 v["servedBy"],
@@ -270,19 +285,16 @@ fn every_key_is_answered_correctly_by_every_worker() {
     assert_eq!(keys, want, "[from, to): {v}");
     assert_eq!(v["next"], Value::Null, "{v}");
 
-    // A store keyed by something else: every task holds a part; the parts add up.
+    // A store keyed by something else: repartitioned by colour, so one stage-1 task
+    // holds each colour whole, found by the colour's own partition.
     for addr in &addrs {
         for (colour, n) in &exp.colours {
             let (code, v) = get(*addr, &format!("/v1/stores/by-colour/keys/{colour}"));
             assert_eq!(code, 200, "{v}");
-            assert_eq!(v["routing"], json!("scatter"), "{v}");
-            let sum: i64 = v["parts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p["value"]["n"].as_i64().unwrap())
-                .sum();
-            assert_eq!(sum, *n, "colour {colour}: {v}");
+            let p = partition_for(Partitioner::Murmur2, colour.as_bytes(), 4).unwrap();
+            assert_eq!(v["task"], json!(format!("1_{p}")), "{v}");
+            assert_eq!(v["parts"], Value::Null, "no scatter: {v}");
+            assert_eq!(v["value"]["n"], json!(n), "colour {colour}: {v}");
         }
     }
 
@@ -330,7 +342,7 @@ fn every_key_is_answered_correctly_by_every_worker() {
     );
     let (code, v) = get(addrs[0], "/v1/stores/totals/range");
     assert_eq!(code, 503, "{v}");
-    assert_eq!(v["missingTasks"], json!([1, 3]), "{v}");
+    assert_eq!(v["missingTasks"], json!(["0_1", "0_3"]), "{v}");
 
     for w in workers {
         w.stop();

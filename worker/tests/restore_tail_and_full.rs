@@ -22,7 +22,8 @@ metadata: {{name: {app}}}
 spec:
   kafka: {{bootstrapServers: "{bootstrap}"}}
   processingGuarantee: exactly_once
-  source: {{topics: [{app}-in]}}
+  # Producers key by k: the aggregate needs no repartition.
+  source: {{topics: [{app}-in], partitionedBy: value.k}}
   steps:
   - aggregate:
       store: totals

@@ -22,7 +22,8 @@ spec:
   kafka: {{bootstrapServers: "{bootstrap}"}}
   processingGuarantee: exactly_once
   commitInterval: 100ms
-  source: {{topics: [{app}-in]}}
+  # Producers key by the id: the dedupe needs no repartition.
+  source: {{topics: [{app}-in], partitionedBy: value.id}}
   steps:
   - dedupe: {{store: seen, id: value.id, within: 1h}}
   - map: {{value: "{map_value}"}}

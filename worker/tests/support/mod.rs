@@ -450,17 +450,13 @@ impl Worker {
             if let Some(s) = self.status()
                 && let Some(tasks) = s["tasks"].as_array()
                 && !tasks.is_empty()
-                && tasks.iter().all(|t| {
-                    let id = t["task"].as_str().unwrap_or_default();
-                    let Some((st, p)) = id.split_once('_') else {
-                        return false;
-                    };
-                    if st.parse::<u32>().ok() != Some(stage) {
-                        return true;
+                && tasks.iter().all(|t| match task_id(t) {
+                    None => false,
+                    Some((st, _)) if st != stage => true,
+                    Some((_, p)) => {
+                        let want = ends.get(&p).copied().unwrap_or(0);
+                        t["positions"][topic].as_i64().unwrap_or(0) >= want
                     }
-                    let p = p.parse::<i32>().unwrap_or(-1);
-                    let want = ends.get(&p).copied().unwrap_or(0);
-                    t["positions"][topic].as_i64().unwrap_or(0) >= want
                 })
             {
                 return;
@@ -633,10 +629,8 @@ pub fn wait_stage_committed(
             }
             let Some(s) = w.status() else { continue };
             for t in s["tasks"].as_array().into_iter().flatten() {
-                let id = t["task"].as_str().unwrap_or_default();
-                if let Some((st, p)) = id.split_once('_')
-                    && st.parse::<u32>().ok() == Some(stage)
-                    && let Ok(p) = p.parse::<i32>()
+                if let Some((st, p)) = task_id(t)
+                    && st == stage
                 {
                     positions.insert(p, t["positions"][topic].as_i64().unwrap_or(0));
                 }
@@ -659,6 +653,12 @@ pub fn wait_stage_committed(
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A task entry's id of `/v1/status` as (stage, partition): `"1_3"` is (1, 3).
+pub fn task_id(task: &serde_json::Value) -> Option<(u32, i32)> {
+    let (stage, partition) = task["task"].as_str()?.split_once('_')?;
+    Some((stage.parse().ok()?, partition.parse().ok()?))
 }
 
 /// Per partition, one past the last committed data record of `topic` (transaction
