@@ -12,7 +12,7 @@
 //! restore completes. Any commit or producer failure stops the worker (crash-only): the
 //! restart recovers from committed state rather than guessing what half-happened.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +31,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use crate::config::App;
 use crate::expr::Env;
 use crate::metrics::{METRICS, RestoreGauges, task as task_label};
+use crate::replay::{Admission, MAX_METADATA, Marks, ORIGIN_HEADER, Origin};
 use crate::restore::{FullRestoreReason, RestoreFacts, RestorePlan, plan};
 use crate::status::{Desired, RestoreProgress, Role, Shared, TaskState, TaskStatus};
 use crate::store::{SharedMemory, StoreError, TaskDb};
@@ -340,6 +341,10 @@ pub struct Engine {
     input_stage: HashMap<String, u32>,
     /// Tasks per stage (the source partition count).
     partitions: u32,
+    /// Replay marks read from the group's committed offsets, until the task starts.
+    resumed_marks: BTreeMap<TaskId, Marks>,
+    /// Tasks whose marks did not fit in the commit metadata (warned once).
+    marks_too_long: BTreeSet<TaskId>,
     /// When consumed repartition records were last deleted, and up to where.
     last_purge: Instant,
     purged: BTreeMap<TaskId, i64>,
@@ -534,6 +539,8 @@ impl Engine {
             changelogs,
             input_stage,
             partitions: task_count as u32,
+            resumed_marks: BTreeMap::new(),
+            marks_too_long: BTreeSet::new(),
             last_purge: Instant::now(),
             purged: BTreeMap::new(),
             admin: None,
@@ -800,6 +807,11 @@ impl Engine {
                     && let Offset::Offset(o) = e.offset()
                 {
                     done.insert(e.topic().to_string(), o);
+                    if id.stage > 0 {
+                        let upstream = app.inputs(id.stage - 1);
+                        self.resumed_marks
+                            .insert(id, Marks::decode(e.metadata(), upstream));
+                    }
                 }
             }
             // Kafka drops a group's offsets after offsets.retention.minutes without a
@@ -884,6 +896,10 @@ impl Engine {
         let processors: Vec<_> = app.stage_steps(id.stage).iter().map(|f| f(id)).collect();
         let mut task = Task::new(&app, id, self.partitions, db, processors);
         task.positions = done.clone();
+        task.marks = self.resumed_marks.remove(&id).unwrap_or_default();
+        if !task.marks.is_empty() {
+            tracing::info!(task = %id, marks = ?task.marks, "resuming with replay marks");
+        }
         task.init(&self.env).map_err(|e| EngineError::Init {
             task: id,
             message: e.to_string(),
@@ -1138,6 +1154,12 @@ impl Engine {
                         break 'msg;
                     }
                     METRICS.records_in.get_or_create(&task_label(id)).inc();
+                    let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+                    let origin = (alos && id.stage > 0)
+                        .then(|| header(&m, ORIGIN_HEADER))
+                        .flatten()
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(Origin::parse);
                     let msg = SourceMessage {
                         topic: m.topic(),
                         partition: m.partition(),
@@ -1146,19 +1168,25 @@ impl Engine {
                         value: m.payload(),
                         timestamp: m.timestamp().to_millis(),
                         record_key: (id.stage > 0)
-                            .then(|| {
-                                m.headers().and_then(|h| {
-                                    h.iter().find(|h| h.key == KEY_HEADER).and_then(|h| h.value)
-                                })
-                            })
+                            .then(|| header(&m, KEY_HEADER))
                             .flatten(),
                     };
+                    if let Some(o) = &origin
+                        && task.marks.admit(o) == Admission::Replayed
+                    {
+                        task.skip_replayed(&msg);
+                        METRICS.replays_dropped.get_or_create(&task_label(id)).inc();
+                        self.shared.task(id, |t| t.replays_dropped += 1);
+                        break 'msg;
+                    }
                     out.clear();
                     let outcome = task.process(&self.app, &self.env, &msg, now_ms(), &mut out)?;
                     let topic = m.topic().to_string();
+                    let from = alos.then(|| (m.partition(), m.offset()));
                     drop(m);
                     self.record_outcome(id, &topic, &outcome)?;
-                    self.send_outputs(id, &out)?;
+                    let from = from.map(|(p, o)| (topic.as_str(), p, o));
+                    self.send_outputs(id, &out, from)?;
                 }
                 Some(Err(e)) => {
                     // Broker restarts and the like: librdkafka reconnects by itself.
@@ -1176,7 +1204,8 @@ impl Engine {
                     {
                         task.punctuate(&self.app, &self.env, now_ms(), &mut out)?;
                     }
-                    self.send_outputs(id, &out)?;
+                    // Not tied to one input record: no origin, never dropped as a replay.
+                    self.send_outputs(id, &out, None)?;
                 }
             }
             if last_refresh.elapsed() >= OFFSET_REFRESH {
@@ -1300,13 +1329,22 @@ impl Engine {
         }
     }
 
-    fn send_outputs(&mut self, id: TaskId, out: &[Output]) -> Result<(), EngineError> {
+    /// Sends a task's outputs. `from` is the input record they came from (topic,
+    /// partition, offset) under at-least-once: its repartitioned outputs carry it as
+    /// their origin, so the next stage can drop them when a replay writes them again.
+    fn send_outputs(
+        &mut self,
+        id: TaskId,
+        out: &[Output],
+        from: Option<(&str, i32, i64)>,
+    ) -> Result<(), EngineError> {
         if out.is_empty() {
             return Ok(());
         }
         let (sink, dlq) = (self.sink_topic.clone(), self.dlq_topic.clone());
         let p = self.producer_for(id)?;
         let mut sent = 0;
+        let mut index = 0u32;
         for o in out {
             match o {
                 Output::Sink {
@@ -1335,10 +1373,18 @@ impl Engine {
                     record_key,
                     timestamp,
                 } => {
-                    let h = OwnedHeaders::new().insert(Header {
+                    let mut h = OwnedHeaders::new().insert(Header {
                         key: KEY_HEADER,
                         value: Some(record_key.as_slice()),
                     });
+                    if let Some((t, partition, offset)) = from {
+                        let origin = Origin::header(t, partition, offset, index);
+                        index += 1;
+                        h = h.insert(Header {
+                            key: ORIGIN_HEADER,
+                            value: Some(origin.as_str()),
+                        });
+                    }
                     send(
                         p,
                         topic,
@@ -1479,9 +1525,18 @@ impl Engine {
             self.check_delivery()?;
             let mut tpl = TopicPartitionList::new();
             for (id, (c, _)) in &commits {
+                // A stage > 0 task has one input: its marks go with its offset.
+                let marks = (id.stage > 0 && !c.marks.is_empty())
+                    .then(|| self.encode_marks(*id, &c.marks))
+                    .flatten();
                 for (topic, off) in &c.positions {
                     tpl.add_partition_offset(topic, id.kafka_partition(), Offset::Offset(*off))
                         .map_err(EngineError::CommitOffsets)?;
+                    if let (Some(m), Some(mut e)) =
+                        (&marks, tpl.find_partition(topic, id.kafka_partition()))
+                    {
+                        e.set_metadata(m);
+                    }
                 }
             }
             if tpl.count() > 0 {
@@ -1568,6 +1623,17 @@ impl Engine {
         }
     }
 
+    /// A stage > 0 task's replay marks as offset-commit metadata; when they do not fit,
+    /// none (a restart then counts an upstream replay again) and a warning, once.
+    fn encode_marks(&mut self, id: TaskId, marks: &Marks) -> Option<String> {
+        let encoded = marks.encode(self.app.inputs(id.stage - 1));
+        if encoded.is_none() && self.marks_too_long.insert(id) {
+            tracing::warn!(task = %id, max_bytes = MAX_METADATA,
+                "the replay marks of this task do not fit in the offset commit's metadata: after a restart an upstream replay may be counted twice (at-least-once)");
+        }
+        encoded
+    }
+
     /// Kafka has the unit of work: now RocksDB gets it, with the offsets it matches.
     fn apply_commit(
         &mut self,
@@ -1638,6 +1704,11 @@ impl Engine {
             self.shared.task(*id, |t| t.state_lag = Some(lag));
         }
     }
+}
+
+/// The value of header `name` of `m`, if it has one.
+fn header<'a>(m: &'a rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
+    m.headers()?.iter().find(|h| h.key == name)?.value
 }
 
 /// The source offsets a changelog record says produced it ([`SOURCE_HEADER`]).

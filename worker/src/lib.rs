@@ -4,7 +4,8 @@
 //! - [`processor`]: the `Processor` trait every step implements (built-in or yours).
 //! - [`steps`]: the built-in steps. [`expr`]: CEL.
 //! - [`task`]: one partition's unit of work; [`overlay`]: its staging area.
-//! - [`store`]: RocksDB per task. [`restore`]: restore decisions.
+//! - [`store`]: RocksDB per task. [`restore`]: restore decisions. [`replay`]: at-least-once
+//!   replays across a repartition, dropped by origin.
 //! - [`engine`]: the Kafka loop, commits and restore I/O. [`http`], [`metrics`], [`status`].
 //!
 //! [`run`] is what the binary calls; a custom worker calls [`run_with`] with its own
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod overlay;
 pub mod processor;
 pub mod query;
+pub mod replay;
 pub mod restore;
 pub mod status;
 pub mod steps;

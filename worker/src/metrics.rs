@@ -35,6 +35,7 @@ pub struct Metrics {
     pub records_out: Family<TaskLabel, Counter>,
     pub dead_letters: Family<TaskLabel, Counter>,
     pub skipped: Family<TaskLabel, Counter>,
+    pub replays_dropped: Family<TaskLabel, Counter>,
     pub late_dropped: Counter,
     pub commits: Family<TaskLabel, Counter>,
     pub commit_seconds: Histogram,
@@ -53,6 +54,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         records_out: Family::default(),
         dead_letters: Family::default(),
         skipped: Family::default(),
+        replays_dropped: Family::default(),
         late_dropped: Counter::default(),
         commits: Family::default(),
         commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -78,6 +80,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "skipped",
         "Records dropped by the skip error policy",
         m.skipped.clone(),
+    );
+    registry.register(
+        "repartition_replays_dropped",
+        "Repartition records an upstream task wrote again after a restart (at-least-once), dropped as already processed",
+        m.replays_dropped.clone(),
     );
     registry.register(
         "late_records_dropped",

@@ -67,6 +67,8 @@ pub struct TaskStatus {
     pub processed: u64,
     pub dead_letters: u64,
     pub skipped: u64,
+    /// Repartition records dropped as an upstream replay ([`crate::replay`]).
+    pub replays_dropped: u64,
     pub commits: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -88,6 +90,7 @@ impl TaskStatus {
             processed: 0,
             dead_letters: 0,
             skipped: 0,
+            replays_dropped: 0,
             commits: 0,
             last_error: None,
             digests: BTreeMap::new(),

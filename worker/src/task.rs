@@ -15,6 +15,7 @@ use crate::expr::{Env, Input};
 use crate::overlay::Overlay;
 use crate::processor::{Context, Processor, Record, SourcePos, StepError};
 use crate::query::partition_for;
+use crate::replay::Marks;
 use crate::store::{StoreError, TaskDb};
 
 /// Changelog header carrying the source positions that produced a unit of work's
@@ -83,6 +84,8 @@ pub struct Commit {
     pub writes: Vec<crate::overlay::Write>,
     pub source_header: String,
     pub positions: BTreeMap<String, i64>,
+    /// Stage > 0 under at-least-once: the replay marks at `positions`.
+    pub marks: Marks,
 }
 
 pub struct Task {
@@ -99,6 +102,9 @@ pub struct Task {
     pub positions: BTreeMap<String, i64>,
     /// Something happened since the last commit (records, punctuation output).
     pub uncommitted: u64,
+    /// Stage > 0 under at-least-once: the highest origin processed per upstream
+    /// partition ([`crate::replay`]).
+    pub marks: Marks,
     pub failed: Option<String>,
 }
 
@@ -119,6 +125,7 @@ impl Task {
             processors,
             positions: BTreeMap::new(),
             uncommitted: 0,
+            marks: Marks::default(),
             failed: None,
         }
     }
@@ -470,7 +477,15 @@ impl Task {
             writes: self.overlay.drain(),
             source_header,
             positions: self.positions.clone(),
+            marks: self.marks.clone(),
         }
+    }
+
+    /// Passes over a record an upstream replay wrote again ([`crate::replay`]): it was
+    /// processed before, so only the position moves.
+    pub fn skip_replayed(&mut self, msg: &SourceMessage<'_>) {
+        self.positions.insert(msg.topic.to_string(), msg.offset + 1);
+        self.uncommitted += 1;
     }
 }
 
