@@ -2154,7 +2154,9 @@ fn restore_task(
             to,
             bulk.then_some(chunk_bytes),
             committed,
-            &app.manifest.spec.source.topics,
+            // The topics this stage reads: a stage > 0 unit of work is a position in its
+            // repartition topic, not in the app's sources.
+            app.inputs(id.stage),
             &mut total,
             started,
             shared,
