@@ -75,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         instance_from_pod_name: false,
         peers: Vec::new(),
         coordination: None,
+        repartition_purge_interval: oxbow_worker::engine::DEFAULT_PURGE_INTERVAL,
     };
     oxbow_worker::run_with(app, vec![risk], opts, Some(listen.parse()?))
 }

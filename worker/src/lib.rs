@@ -4,9 +4,9 @@
 //! - [`processor`]: the `Processor` trait every step implements (built-in or yours).
 //! - [`steps`]: the built-in steps. [`expr`]: CEL.
 //! - [`task`]: one partition's unit of work; [`overlay`]: its staging area.
-//! - [`store`]: RocksDB per task. [`restore`]: restore decisions. [`replay`]: at-least-once
-//!   replays across a repartition, dropped by origin.
-//! - [`engine`]: the Kafka loop, commits and restore I/O. [`http`], [`metrics`], [`status`].
+//! - [`store`]: RocksDB per task.
+//! - [`engine`]: the Kafka loop, assignment, standbys, commits, restore I/O next to its
+//!   pure planner, and the at-least-once replay rule. [`http`], [`metrics`], [`status`].
 //!
 //! [`run`] is what the binary calls; a custom worker calls [`run_with`] with its own
 //! processors appended to the built-in steps.
@@ -20,8 +20,6 @@ pub mod metrics;
 pub mod overlay;
 pub mod processor;
 pub mod query;
-pub mod replay;
-pub mod restore;
 pub mod status;
 pub mod steps;
 pub mod store;

@@ -73,6 +73,14 @@ struct RunArgs {
     /// query for a key another instance owns is forwarded there.
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
+    /// How often repartition records that every reader has committed past are deleted
+    /// (DeleteRecords), as Kafka Streams' `repartition.purge.interval.ms`.
+    #[arg(long, env = "OXBOW_REPARTITION_PURGE_INTERVAL", default_value = "30s", value_parser = purge_interval)]
+    repartition_purge_interval: std::time::Duration,
+}
+
+fn purge_interval(s: &str) -> Result<std::time::Duration, String> {
+    oxbow_crds::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> std::process::ExitCode {
@@ -132,6 +140,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         instance_from_pod_name: a.instance.is_none() && from_pod.is_some(),
         peers: a.peers,
         coordination,
+        repartition_purge_interval: a.repartition_purge_interval,
     };
     tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
     oxbow_worker::run(app, opts, Some(a.listen))

@@ -67,7 +67,7 @@ pub struct TaskStatus {
     pub processed: u64,
     pub dead_letters: u64,
     pub skipped: u64,
-    /// Repartition records dropped as an upstream replay ([`crate::replay`]).
+    /// Repartition records dropped as an upstream replay ([`crate::engine::replay`]).
     pub replays_dropped: u64,
     pub commits: u64,
     #[serde(skip_serializing_if = "Option::is_none")]

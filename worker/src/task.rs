@@ -11,11 +11,11 @@ use oxbow_crds::{ErrorPolicy, Partitioner, RecordFormat, TaskId};
 use serde_json::Value as Json;
 
 use crate::config::App;
+use crate::engine::replay::Marks;
 use crate::expr::{Env, Input};
 use crate::overlay::Overlay;
 use crate::processor::{Context, Processor, Record, SourcePos, StepError};
 use crate::query::partition_for;
-use crate::replay::Marks;
 use crate::store::{StoreError, TaskDb};
 
 /// Changelog header carrying the source positions that produced a unit of work's
@@ -103,7 +103,7 @@ pub struct Task {
     /// Something happened since the last commit (records, punctuation output).
     pub uncommitted: u64,
     /// Stage > 0 under at-least-once: the highest origin processed per upstream
-    /// partition ([`crate::replay`]).
+    /// partition ([`crate::engine::replay`]).
     pub marks: Marks,
     pub failed: Option<String>,
 }
@@ -481,7 +481,7 @@ impl Task {
         }
     }
 
-    /// Passes over a record an upstream replay wrote again ([`crate::replay`]): it was
+    /// Passes over a record an upstream replay wrote again ([`crate::engine::replay`]): it was
     /// processed before, so only the position moves.
     pub fn skip_replayed(&mut self, msg: &SourceMessage<'_>) {
         self.positions.insert(msg.topic.to_string(), msg.offset + 1);
@@ -704,7 +704,7 @@ pub fn produced_by_committed_work(
             .iter()
             .filter(|(t, _)| known_topics.contains(t))
             .all(|(t, o)| {
-                crate::restore::apply_changelog_record(Some(*o), committed.get(t).copied())
+                crate::engine::restore::apply_changelog_record(Some(*o), committed.get(t).copied())
             }),
     }
 }

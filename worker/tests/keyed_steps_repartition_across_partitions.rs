@@ -562,6 +562,68 @@ spec:
 }
 
 #[test]
+fn repartition_records_are_deleted_once_the_next_stage_has_committed_them() {
+    let app = unique("rp-purge");
+    let input = format!("{app}-in");
+    let sink = format!("{app}-out");
+    create_topic(&input, PARTITIONS);
+    create_topic(&sink, PARTITIONS);
+    let manifest = format!(
+        r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: {app}}}
+spec:
+  kafka: {{bootstrapServers: "{bootstrap}"}}
+  source: {{topics: [{input}]}}
+  steps:
+  - dedupe: {{store: seen, id: value.id, within: 1h}}
+  sink: {{topic: {sink}}}
+"#,
+        bootstrap = bootstrap()
+    );
+    let dir = scratch_dir(&app);
+    let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
+    b.extra_args = vec!["--repartition-purge-interval".into(), "1s".into()];
+    let mut w = b.spawn();
+    w.wait_ready(Duration::from_secs(90));
+    produce(
+        &input,
+        (0..400).map(|i| {
+            Input::json(&format!("k{i}"), json!({"id": format!("id-{}", i % 50)}))
+                .partition(i % PARTITIONS)
+        }),
+    );
+    let repartition = format!("{app}-seen-repartition");
+    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(120));
+    let ends = data_ends(&repartition);
+    assert_eq!(
+        ends.values().sum::<i64>(),
+        400,
+        "{app}: every record went through the repartition topic"
+    );
+    w.wait_stage_committed(1, &repartition, &ends, Duration::from_secs(120));
+    // Kafka keeps the log start at or below what was deleted: every committed record
+    // is gone once the purge ran, and nothing the next stage has not committed.
+    let purged = wait_for(
+        "the consumed repartition records to be deleted (DeleteRecords)",
+        Duration::from_secs(60),
+        || {
+            let starts = start_offsets(&repartition);
+            ends.iter()
+                .all(|(p, end)| starts.get(p) == Some(end))
+                .then_some(starts)
+        },
+    );
+    assert_eq!(
+        purged.values().sum::<i64>(),
+        400,
+        "{app}: log starts after the purge: {purged:?}"
+    );
+    w.stop();
+}
+
+#[test]
 fn a_batch_grouped_by_a_field_keeps_one_open_batch_per_group_across_partitions() {
     let app = unique("rp-batch");
     let input = format!("{app}-in");

@@ -535,6 +535,21 @@ pub fn end_offsets(topic: &str) -> BTreeMap<i32, i64> {
         .collect()
 }
 
+/// Log start offsets (low watermarks) of every partition of `topic`.
+pub fn start_offsets(topic: &str) -> BTreeMap<i32, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let n = topic_partitions(topic).unwrap_or(0);
+    (0..n as i32)
+        .filter_map(|p| {
+            let (low, _) = c.fetch_watermarks(topic, p, Duration::from_secs(5)).ok()?;
+            Some((p, low))
+        })
+        .collect()
+}
+
 /// Runs `oxbow-worker digest` and returns `task/store → digest`.
 pub fn digests(manifest_path: &Path, state_dir: &Path) -> BTreeMap<String, String> {
     let out = Command::new(env!("CARGO_BIN_EXE_oxbow-worker"))

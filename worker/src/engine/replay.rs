@@ -144,7 +144,7 @@ mod tests {
     use super::*;
 
     fn origin(topic: &str, partition: i32, offset: i64, index: u32) -> Origin {
-        Origin::parse(&Origin::header(topic, partition, offset, index)).unwrap()
+        Origin::parse(&Origin::header(topic, partition, offset, index)).expect("a header parses")
     }
 
     #[test]
@@ -181,7 +181,7 @@ mod tests {
         let mut m = Marks::default();
         m.admit(&origin("a", 0, 10, 1));
         m.admit(&origin("b", 7, 99, 0));
-        let text = m.encode(&upstream).unwrap();
+        let text = m.encode(&upstream).expect("fits");
         assert_eq!(text, "m1;0.0.10.1;1.7.99.0");
         assert_eq!(Marks::decode(&text, &upstream), m);
         assert_eq!(Marks::decode("", &upstream), Marks::default());

@@ -1,0 +1,466 @@
+//! Applying the desired tasks: which actives wait for their previous owner, what is
+//! released first, which standbys start or stop, and starting a batch of actives
+//! (fence, committed offsets, restore, one assignment). The hand-over order is the
+//! safety argument: a task is released (committed, unassigned) before anything new
+//! starts, so its next owner never overlaps it.
+//!
+//! It must not process records or commit on its own schedule (that is `run` and
+//! `commit`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
+use rdkafka::consumer::Consumer;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::kafka::{Producers, init_producers};
+use super::replay::Marks;
+use super::restore::{RestoreJob, restore_tasks, restore_total};
+use super::{Engine, EngineError, KAFKA_TIMEOUT};
+use crate::status::{Desired, RestoreProgress, Role, TaskState, TaskStatus};
+use crate::store::{StoreError, TaskDb};
+use crate::task::Task;
+
+/// Exactly-once: how long a new active waits for a previous owner that still reports
+/// but does not release the task (wedged) before it starts anyway; its producer fences
+/// the old owner. Longer than a transaction's timeout and a long restore's commit gap.
+pub(super) const HANDOVER_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Engine {
+    /// Applies a new desired state, if any, and retries hand-overs that were waiting.
+    pub(super) fn apply_desired(&mut self) -> Result<(), EngineError> {
+        let retry = !self.waiting.is_empty();
+        if let Some(d) = self.shared.desired_since(&mut self.desired_seen) {
+            tracing::info!(generation = d.generation, active = ?d.active, standby = ?d.standby,
+                waiting_for_release = ?d.held_elsewhere, "new assignment");
+            self.desired = d;
+        } else if !retry {
+            return Ok(());
+        }
+        let d = self.desired.clone();
+        let start_active = self.actives_to_start(&d);
+        // 1. Release what is no longer ours, first: the next owner waits for it.
+        self.release_actives(&d)?;
+        // 2. Standbys no longer wanted (neither standby nor an active to be).
+        let drop_standbys: Vec<TaskId> = self
+            .standbys
+            .keys()
+            .filter(|t| !d.standby.contains(t) && !d.active.contains(t))
+            .copied()
+            .collect();
+        for t in drop_standbys {
+            self.close_standby(t)?;
+        }
+        // 3. New standbys, and actives waiting for a hand-over (kept warm meanwhile).
+        let want_standby: Vec<TaskId> = d
+            .standby
+            .iter()
+            .chain(self.waiting.keys())
+            .filter(|t| !self.standbys.contains_key(t) && !self.tasks.contains_key(t))
+            .copied()
+            .collect();
+        for t in want_standby {
+            self.start_standby(t, None)?;
+        }
+        // 4. New actives: a warm standby is promoted (tail restore only). None
+        // processes before all are restored (this returns first), so they are reported
+        // Running together.
+        let batch = self.announce_actives(start_active)?;
+        let StartOutcome {
+            started,
+            superseded,
+        } = self.start_actives(batch)?;
+        let moved_on = !superseded.is_empty() || self.shared.desired_changed(self.desired_seen);
+        if moved_on {
+            // The assignment moved on while restoring: this generation is not
+            // acknowledged. A task placed elsewhere meanwhile (this pod's copy was cold
+            // and a warm one exists) keeps what it restored, as a standby, until the
+            // next round decides; the others run and the next round releases them if
+            // they are no longer ours.
+            tracing::info!("assignment changed while starting tasks: re-planning");
+            for (t, db) in superseded {
+                self.shared.remove_task(t);
+                self.start_standby(t, Some(db))?;
+            }
+        }
+        for t in started {
+            self.shared.task(t, |s| s.state = TaskState::Running);
+        }
+        if !moved_on {
+            self.shared.update(|s| {
+                s.generation = d.generation;
+                s.state = "Running".into();
+            });
+        }
+        Ok(())
+    }
+
+    /// The desired actives that start now; the others wait for their previous owner
+    /// (kept in `self.waiting`, with since when).
+    fn actives_to_start(&mut self, d: &Desired) -> Vec<TaskId> {
+        let now = Instant::now();
+        let mut start_active = Vec::new();
+        let mut keep_waiting = BTreeMap::new();
+        for t in &d.active {
+            if self.tasks.contains_key(t) {
+                continue;
+            }
+            if d.held_elsewhere.contains(t) {
+                let since = self.waiting.get(t).copied().unwrap_or(now);
+                // Under at-least-once nothing fences a live holder: two owners would
+                // interleave state, so the wait lasts as long as the holder reports (the
+                // coordinator stops holding a task back once its holder goes silent).
+                let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+                if alos || now.duration_since(since) < HANDOVER_TIMEOUT {
+                    keep_waiting.insert(*t, since);
+                    continue;
+                }
+                tracing::warn!(task = %t, "the previous owner, still reporting, has not released the task within {}s: starting it anyway (its producer is fenced and its next commit fails)", HANDOVER_TIMEOUT.as_secs());
+            }
+            start_active.push(*t);
+        }
+        self.waiting = keep_waiting;
+        let waiting: Vec<TaskId> = self.waiting.keys().copied().collect();
+        self.shared.update(|s| s.waiting_for_release = waiting);
+        start_active
+    }
+
+    /// Commits and closes the actives that are no longer ours; those that stay here as
+    /// standbys keep their store open.
+    fn release_actives(&mut self, d: &Desired) -> Result<(), EngineError> {
+        let release: Vec<TaskId> = self
+            .tasks
+            .keys()
+            .filter(|t| !d.active.contains(t))
+            .copied()
+            .collect();
+        if release.is_empty() {
+            return Ok(());
+        }
+        self.commit_all()?;
+        for t in release {
+            let db = self.close_active(t)?;
+            if d.standby.contains(&t) {
+                self.start_standby(t, Some(db))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the stores of the actives to start and announces each with what its
+    /// restore will read, so the reported progress and ETA cover the whole batch rather
+    /// than one task at a time.
+    fn announce_actives(
+        &mut self,
+        start_active: Vec<TaskId>,
+    ) -> Result<Vec<(TaskId, Arc<TaskDb>)>, EngineError> {
+        if !start_active.is_empty() {
+            // Restores hold this thread: nothing of the running tasks may stay open in
+            // a transaction (it would time out) or uncommitted meanwhile.
+            self.commit_all()?;
+        }
+        let mut batch = Vec::new();
+        for t in start_active {
+            let db = match self.standbys.contains_key(&t) {
+                true => self.close_standby(t)?,
+                false => self.open_db(t)?,
+            };
+            let total = restore_total(&self.app, &self.side, &db, t, &self.task_stores(t))?;
+            let mut st = TaskStatus::new(t);
+            st.state = TaskState::Restoring;
+            st.restore = Some(RestoreProgress {
+                mode: "pending".into(),
+                total,
+                remaining: total,
+                ..Default::default()
+            });
+            self.shared.put_task(st);
+            batch.push((t, db));
+        }
+        Ok(batch)
+    }
+
+    /// `<state-dir>/<applicationId>/<stage>_<partition>`. A stage-0 directory written
+    /// before tasks had stages (`<partition>`) is renamed, so an upgrade keeps its state.
+    pub(super) fn task_dir(&self, id: TaskId) -> PathBuf {
+        let app_dir = self.state_dir.join(&self.app.application_id);
+        let dir = app_dir.join(id.to_string());
+        let legacy = app_dir.join(id.partition.to_string());
+        if id.stage == 0 && !dir.exists() && legacy.is_dir() {
+            match std::fs::rename(&legacy, &dir) {
+                Ok(()) => {
+                    tracing::info!(task = %id, from = %legacy.display(), "renamed a task directory from before stages")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %id, error = %e, "failed to rename the task directory from before stages: restoring from the changelog instead")
+                }
+            }
+        }
+        dir
+    }
+
+    pub(super) fn task_stores(&self, id: TaskId) -> Vec<StoreName> {
+        self.app
+            .stage_steps(id.stage)
+            .iter()
+            .flat_map(|f| f(id).stores())
+            .collect()
+    }
+
+    /// The stage of a task's store's changelog record, from its topic.
+    pub(super) fn stage_of_changelog(&self, store: &StoreName) -> u32 {
+        self.app.topology.stage_of_store(store)
+    }
+
+    pub(super) fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        let stores = self.task_stores(id);
+        // A query may still hold the handle of a store closed a moment ago (RocksDB's
+        // LOCK is held until the last reader lets go): retry briefly.
+        let mut tries = 0;
+        loop {
+            match TaskDb::open(&self.task_dir(id), id, &stores, &self.memory) {
+                Ok(db) => return Ok(Arc::new(db)),
+                Err(e @ StoreError::Open { .. }) if tries < 50 => {
+                    tries += 1;
+                    tracing::debug!(task = %id, error = %e, "store still open elsewhere: retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub(super) fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for topic in self.app.inputs(id.stage) {
+            tpl.add_partition(topic, id.kafka_partition());
+        }
+        tpl
+    }
+
+    /// Starts a batch of active tasks: fences each task's previous owner (exactly-once),
+    /// restores each store (a tail when the local copy is warm), then starts consuming
+    /// at the committed offsets.
+    ///
+    /// The round trips and restores of different tasks do not depend on each other, so
+    /// they overlap: fencing waits on librdkafka's coordinator timers (about 0.5 s per
+    /// producer, even on an idle broker) and a restore mostly on fetches. One after the
+    /// other, four tasks took 2-3 s to start after a crash with nothing to restore.
+    /// A task placed elsewhere while restoring comes back in `superseded`.
+    pub(super) fn start_actives(
+        &mut self,
+        batch: Vec<(TaskId, Arc<TaskDb>)>,
+    ) -> Result<StartOutcome, EngineError> {
+        let app = self.app.clone();
+        let snapshot = self.shared.snapshot();
+        for (id, _) in &batch {
+            let mut st = TaskStatus::new(*id);
+            st.state = TaskState::Restoring;
+            // The figures announced for the batch stand until the restore reports its own.
+            st.restore = snapshot.as_ref().and_then(|s| {
+                s.tasks
+                    .iter()
+                    .find(|t| t.task == *id && t.role == Role::Active)?
+                    .restore
+                    .clone()
+            });
+            self.shared.put_task(st);
+        }
+        self.shared.update(|s| s.state = "Restoring".into());
+        if let Producers::Transactional(m) = &mut self.producers {
+            // Fences any older producer with each task's id and aborts its open
+            // transaction, so the restores below read only committed data.
+            let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
+            for (id, p) in init_producers(&app, &self.tracker, &ids)? {
+                m.insert(id, (p, false));
+            }
+        }
+        let starting = self.resume_positions(batch)?;
+        let jobs: Vec<RestoreJob<'_>> = starting
+            .iter()
+            .map(|(id, db, done)| RestoreJob {
+                id: *id,
+                db,
+                stores: self.task_stores(*id),
+                // Under exactly-once read_committed already hides uncommitted work;
+                // the source-offset filter is for at-least-once.
+                committed: (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(done),
+            })
+            .collect();
+        let results = restore_tasks(&app, &self.side, &jobs, &self.shared);
+        drop(jobs);
+        let mut outcome = StartOutcome::default();
+        let mut first_error = None;
+        let mut assign = TopicPartitionList::new();
+        for ((id, db, done), result) in starting.into_iter().zip(results) {
+            match result {
+                Ok(progress) => {
+                    tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
+                        seconds = progress.seconds, rate = progress.records_per_second, "restored");
+                    self.finish_start(id, db, done, &mut assign)?;
+                    outcome.started.push(id);
+                }
+                Err(EngineError::Superseded(_)) => {
+                    if let Producers::Transactional(m) = &mut self.producers {
+                        m.remove(&id);
+                    }
+                    self.committed.remove(&id);
+                    if let Ok(mut dbs) = self.shared.dbs.write() {
+                        dbs.remove(&id);
+                    }
+                    outcome.superseded.push((id, db));
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        // One assignment for the batch: partitions added one by one wait behind the
+        // long-poll fetch of those added before (up to fetch.wait.max.ms each).
+        if assign.count() > 0 {
+            self.consumer
+                .incremental_assign(&assign)
+                .map_err(EngineError::AssignPartitions)?;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(outcome),
+        }
+    }
+
+    /// Where each task of a batch resumes: what Kafka says is committed (the truth for
+    /// where to resume and what to restore, one request for the whole batch), else the
+    /// position kept with the state; and a stage > 0 task's replay marks.
+    #[allow(clippy::type_complexity)]
+    fn resume_positions(
+        &mut self,
+        batch: Vec<(TaskId, Arc<TaskDb>)>,
+    ) -> Result<Vec<(TaskId, Arc<TaskDb>, BTreeMap<String, i64>)>, EngineError> {
+        let app = self.app.clone();
+        // What Kafka says is committed: the truth for where to resume and what to
+        // restore. One request for the whole batch.
+        let mut tpl = TopicPartitionList::new();
+        for (id, _) in &batch {
+            for topic in app.inputs(id.stage) {
+                tpl.add_partition(topic, id.kafka_partition());
+            }
+        }
+        let committed_tpl = self
+            .consumer
+            .committed_offsets(tpl, KAFKA_TIMEOUT)
+            .map_err(|source| EngineError::CommittedOffsets {
+                group: app.application_id.clone(),
+                source,
+            })?;
+        let mut starting = Vec::new();
+        for (id, db) in batch {
+            let inputs = app.inputs(id.stage);
+            let mut done: BTreeMap<String, i64> = BTreeMap::new();
+            for e in committed_tpl.elements() {
+                if e.partition() == id.kafka_partition()
+                    && inputs.iter().any(|t| t == e.topic())
+                    && let Offset::Offset(o) = e.offset()
+                {
+                    done.insert(e.topic().to_string(), o);
+                    if id.stage > 0 {
+                        let upstream = app.inputs(id.stage - 1);
+                        self.resumed_marks
+                            .insert(id, Marks::decode(e.metadata(), upstream));
+                    }
+                }
+            }
+            // Kafka drops a group's offsets after offsets.retention.minutes without a
+            // commit; the positions kept with the state are then the best truth, far
+            // better than reprocessing the topic from the start into existing state.
+            let kept = db.checkpoint()?.source;
+            for topic in inputs {
+                if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
+                    tracing::warn!(task = %id, topic, position = pos,
+                        "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
+                    done.insert(topic.clone(), *pos);
+                }
+            }
+            self.committed.insert(id, done.clone());
+            if let Ok(mut dbs) = self.shared.dbs.write() {
+                dbs.insert(id, db.clone());
+            }
+            starting.push((id, db, done));
+        }
+        Ok(starting)
+    }
+
+    /// Initialises a restored task's processors and adds its source partitions, at the
+    /// committed offsets, to `assign`.
+    pub(super) fn finish_start(
+        &mut self,
+        id: TaskId,
+        db: Arc<TaskDb>,
+        done: BTreeMap<String, i64>,
+        assign: &mut TopicPartitionList,
+    ) -> Result<(), EngineError> {
+        let app = self.app.clone();
+        let processors: Vec<_> = app.stage_steps(id.stage).iter().map(|f| f(id)).collect();
+        let mut task = Task::new(&app, id, self.partitions, db, processors);
+        task.positions = done.clone();
+        task.marks = self.resumed_marks.remove(&id).unwrap_or_default();
+        if !task.marks.is_empty() {
+            tracing::info!(task = %id, marks = ?task.marks, "resuming with replay marks");
+        }
+        task.init(&self.env).map_err(|e| EngineError::Init {
+            task: id,
+            message: e.to_string(),
+        })?;
+        // Running once every task of the batch is restored (apply_desired).
+        self.shared.task(id, |t| {
+            t.state_lag = Some(0);
+            t.positions = task.positions.clone();
+        });
+        for topic in app.inputs(id.stage) {
+            let off = done
+                .get(topic)
+                .map_or(Offset::Beginning, |o| Offset::Offset(*o));
+            assign
+                .add_partition_offset(topic, id.kafka_partition(), off)
+                .map_err(EngineError::AssignPartitions)?;
+        }
+        // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
+        // failed here before, moved away and came back must not stay paused.
+        let _ = self.consumer.resume(&self.source_tpl(id));
+        self.tasks.insert(id, task);
+        Ok(())
+    }
+
+    /// Stops an active task whose work is committed; returns its store.
+    pub(super) fn close_active(&mut self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        let tpl = self.source_tpl(id);
+        self.consumer
+            .incremental_unassign(&tpl)
+            .map_err(EngineError::AssignPartitions)?;
+        if let Producers::Transactional(m) = &mut self.producers {
+            m.remove(&id);
+        }
+        self.committed.remove(&id);
+        if let Ok(mut dbs) = self.shared.dbs.write() {
+            dbs.remove(&id);
+        }
+        self.shared.remove_task(id);
+        tracing::info!(task = %id, "released active task");
+        let task = self.tasks.remove(&id).ok_or_else(|| EngineError::Init {
+            task: id,
+            message: "released a task that was not active".into(),
+        })?;
+        crate::metrics::forget_task(id, task.db.stores());
+        Ok(task.db)
+    }
+}
+
+/// What starting a batch of active tasks came to: the tasks now running, and those
+/// placed elsewhere while they restored, with their stores.
+#[derive(Default)]
+pub(super) struct StartOutcome {
+    started: Vec<TaskId>,
+    superseded: Vec<(TaskId, Arc<TaskDb>)>,
+}

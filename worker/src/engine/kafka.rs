@@ -1,0 +1,326 @@
+//! The worker's Kafka clients: their settings, the producers (one transactional
+//! producer per task under exactly-once, one shared under at-least-once) and their
+//! delivery reports, sending and flushing, and reading record headers.
+//!
+//! Owns how a client is configured; it must not decide when to send or commit (that is
+//! the run loop and `commit`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
+use oxbow_crds::{ProcessingGuarantee, TaskId};
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+
+use super::commit::side_by_side;
+use super::{EngineError, KAFKA_TIMEOUT};
+use crate::config::App;
+use crate::task::{SOURCE_HEADER, parse_source_header};
+
+/// Delivery reports of every producer: the last offset per partition (changelog
+/// checkpoints) and the first error.
+#[derive(Default)]
+pub(super) struct Tracker {
+    pub(super) offsets: Mutex<HashMap<(String, i32), i64>>,
+    pub(super) error: Mutex<Option<String>>,
+}
+
+#[derive(Clone)]
+pub(super) struct Ctx(Arc<Tracker>);
+impl ClientContext for Ctx {}
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(m) => {
+                if let Ok(mut o) = self.0.offsets.lock() {
+                    let e = o
+                        .entry((m.topic().to_string(), m.partition()))
+                        .or_insert(-1);
+                    *e = (*e).max(m.offset());
+                }
+            }
+            Err((e, m)) => {
+                if let Ok(mut err) = self.0.error.lock() {
+                    err.get_or_insert_with(|| format!("{} [{}]: {e}", m.topic(), m.partition()));
+                }
+            }
+        }
+    }
+}
+
+pub(super) type KProducer = ThreadedProducer<Ctx>;
+
+pub(super) enum Producers {
+    /// One transactional producer per task: its id fences a zombie of that task.
+    Transactional(BTreeMap<TaskId, (KProducer, bool)>),
+    Shared(KProducer),
+}
+
+pub(super) fn base_config(app: &App) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set(
+        "bootstrap.servers",
+        &app.manifest.spec.kafka.bootstrap_servers,
+    );
+    for (k, v) in &app.kafka {
+        c.set(k, v);
+    }
+    c
+}
+
+pub(super) fn consumer_config(app: &App, restore: bool) -> ClientConfig {
+    let mut c = base_config(app);
+    c.set("group.id", &app.application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("allow.auto.create.topics", "false")
+        .set("enable.partition.eof", "false");
+    // Prefetch is per partition (librdkafka's defaults allow 100 000 records or 64 MiB
+    // each): bounded, memory goes to RocksDB's budget, not to records in a queue. Each
+    // queued record also costs librdkafka a few hundred bytes of bookkeeping: at 4 MiB
+    // and 20 000 records per partition the prefetch held about 85 MiB of the worker's
+    // 205 MiB peak in W1 (500 000 records); at 1 MiB and 2 000 it peaked at 119 MiB with
+    // the same throughput.
+    c.set("queued.max.messages.kbytes", "1024")
+        .set("queued.min.messages", "2000")
+        // With a queue this small it fills often; librdkafka then postpones the
+        // partition's next fetch by this long (1 s by default), and the engine, having
+        // drained the queue meanwhile, sits idle for the rest of it.
+        .set("fetch.queue.backoff.ms", "5");
+    if restore {
+        // Restore reads whole logs: big fetches, with the next one already queued
+        // while a chunk is applied.
+        c.set("fetch.max.bytes", "33554432")
+            .set("max.partition.fetch.bytes", "8388608")
+            .set("queued.max.messages.kbytes", "8192")
+            .set("queued.min.messages", "20000");
+    }
+    if app.guarantee == ProcessingGuarantee::ExactlyOnce {
+        c.set("isolation.level", "read_committed");
+    }
+    c
+}
+
+pub(super) fn producer(
+    app: &App,
+    tracker: &Arc<Tracker>,
+    transactional_id: Option<&str>,
+) -> Result<KProducer, EngineError> {
+    producer_config(app, transactional_id)?
+        .create_with_context(Ctx(tracker.clone()))
+        .map_err(|source| EngineError::CreateClient {
+            what: "producer",
+            source,
+        })
+}
+
+pub(super) fn producer_config(
+    app: &App,
+    transactional_id: Option<&str>,
+) -> Result<ClientConfig, EngineError> {
+    let mut c = base_config(app);
+    c.set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        // Same partitioning as the Java clients, so keyed outputs land where Kafka
+        // Streams would put them.
+        .set("partitioner", "murmur2_random")
+        .set("compression.type", "lz4");
+    if let Some(id) = transactional_id {
+        let timeout = transaction_timeout(app)?;
+        c.set("transactional.id", id).set(
+            TRANSACTION_TIMEOUT_PROPERTY,
+            timeout.as_millis().to_string(),
+        );
+    }
+    Ok(c)
+}
+
+/// The transaction timeout of a task's producer: it follows the commit interval, or is
+/// the user's `transaction.timeout.ms` (from the spec or the Kafka Secret, which the
+/// operator's validation does not see) when that leaves room for the interval.
+pub(super) fn transaction_timeout(app: &App) -> Result<Duration, EngineError> {
+    Ok(oxbow_crds::validate::transaction_timeout(
+        app.commit_interval,
+        app.kafka
+            .get(TRANSACTION_TIMEOUT_PROPERTY)
+            .map(String::as_str),
+    )?)
+}
+
+/// Waits until every record handed to `p` is acknowledged.
+///
+/// rdkafka's `flush` alternates `rd_kafka_flush(0)` with a `poll` of up to 100 ms; with
+/// a `ThreadedProducer` the background thread takes the delivery events, so that poll
+/// sleeps its full 100 ms and every flush costs at least that. Here the zero-timeout
+/// flush (which also sends lingering batches at once) is repeated with short pauses.
+pub(super) fn flush(p: &KProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match p.flush(Duration::ZERO) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub(super) fn send(
+    p: &KProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: Option<OwnedHeaders>,
+    timestamp: Option<i64>,
+) -> Result<(), EngineError> {
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+    if let Some(p) = partition {
+        rec = rec.partition(p);
+    }
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
+    if let Some(h) = headers {
+        rec = rec.headers(h);
+    }
+    if let Some(ts) = timestamp {
+        rec = rec.timestamp(ts);
+    }
+    loop {
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                p.poll(Duration::from_millis(2));
+            }
+            Err((source, _)) => {
+                return Err(EngineError::Produce {
+                    topic: topic.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+/// The value of header `name` of `m`, if it has one.
+pub(super) fn header<'a>(
+    m: &'a rdkafka::message::BorrowedMessage<'_>,
+    name: &str,
+) -> Option<&'a [u8]> {
+    m.headers()?.iter().find(|h| h.key == name)?.value
+}
+
+/// The source offsets a changelog record says produced it ([`SOURCE_HEADER`]).
+pub(super) fn source_of(
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) -> Option<BTreeMap<String, i64>> {
+    m.headers()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h.key == SOURCE_HEADER)
+                .and_then(|h| h.value)
+        })
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(parse_source_header)
+}
+
+/// Creates the transactional producers of `ids` and initialises them side by side.
+/// Each `init_transactions` fences the previous producer with the task's id and aborts
+/// its open transaction; librdkafka waits on fixed 500 ms coordinator timers there, so
+/// one after the other this took about half a second per task.
+pub(super) fn init_producers(
+    app: &App,
+    tracker: &Arc<Tracker>,
+    ids: &[TaskId],
+) -> Result<Vec<(TaskId, KProducer)>, EngineError> {
+    let items = ids.iter().map(|id| (*id, ())).collect();
+    side_by_side(items, "initialising the task's producer", |id, ()| {
+        let tid = app.manifest.transactional_id(id);
+        let p = producer(app, tracker, Some(&tid))?;
+        p.init_transactions(KAFKA_TIMEOUT)
+            .map_err(|source| EngineError::InitTransactions {
+                transactional_id: tid.clone(),
+                source,
+            })?;
+        Ok(p)
+    })
+    .into_iter()
+    .map(|(id, r)| r.map(|p| (id, p)))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(commit_interval: &str, properties: &[(&str, &str)]) -> App {
+        let text = format!(
+            r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: t}}
+spec:
+  commitInterval: {commit_interval}
+  kafka: {{bootstrapServers: "127.0.0.1:1"}}
+  source: {{topics: [in]}}
+"#
+        );
+        let m =
+            crate::config::parse_manifest(std::path::Path::new("t.yaml"), &text).expect("parses");
+        let kafka = properties
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        App::from_manifest(m, kafka).expect("valid")
+    }
+
+    fn timeout_ms(app: &App) -> Option<String> {
+        producer_config(app, Some("t-0"))
+            .expect("configures")
+            .get(TRANSACTION_TIMEOUT_PROPERTY)
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn a_long_commit_interval_gets_a_transaction_timeout_that_outlives_it() {
+        assert_eq!(timeout_ms(&app("100ms", &[])).as_deref(), Some("60000"));
+        assert_eq!(timeout_ms(&app("90s", &[])).as_deref(), Some("210000"));
+    }
+
+    #[test]
+    fn a_users_transaction_timeout_is_not_overwritten() {
+        let a = app("90s", &[(TRANSACTION_TIMEOUT_PROPERTY, "400000")]);
+        assert_eq!(timeout_ms(&a).as_deref(), Some("400000"));
+    }
+
+    #[test]
+    fn a_transaction_timeout_from_the_kafka_secret_that_cannot_hold_the_interval_fails_the_start() {
+        // The Secret's properties reach only the worker: the operator's validation
+        // never sees them, so the worker is the one to refuse.
+        let a = app("90s", &[(TRANSACTION_TIMEOUT_PROPERTY, "60000")]);
+        let err = producer_config(&a, Some("t-0")).expect_err("no room for the interval");
+        assert!(
+            err.to_string().contains("at least twice that (180000 ms)"),
+            "{err}"
+        );
+        assert!(
+            producer_config(&a, None).is_ok(),
+            "the at-least-once producer has no transaction"
+        );
+    }
+}

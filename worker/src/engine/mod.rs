@@ -1,0 +1,374 @@
+//! The processing loop: Kafka in, tasks, Kafka out, commits, restore. Owns every Kafka
+//! client of the worker and the order of a commit:
+//!
+//! 1. changelog records for the dirty keys (last value per key, with [`SOURCE_HEADER`]);
+//!    outputs and dead letters were already sent as records completed;
+//! 2. exactly-once: the consumer offsets join the task's transaction
+//!    (`<applicationId>-<task>`), which commits; at-least-once: flush, then commit the
+//!    offsets (with the replay marks of a stage > 0 task, see [`replay`]);
+//! 3. one RocksDB WriteBatch with the state and the new changelog/source offsets.
+//!
+//! A crash anywhere leaves RocksDB at an older committed prefix of the changelog, which
+//! restore completes. Any commit or producer failure stops the worker (crash-only): the
+//! restart recovers from committed state rather than guessing what half-happened.
+//!
+//! The folder, one concern a file; every file adds methods to the one [`Engine`]:
+//! - this file: the engine's state and [`Engine::start`] (task count, topics, sink);
+//! - [`assign`](self::assign): applying the desired tasks (hand-over, release, start);
+//! - `standby`: changelog copies kept warm; `run`: the loop and what a record sends;
+//! - `commit`: the unit of work into Kafka, then RocksDB; `topics`: creating topics
+//!   and deleting consumed repartition records; `kafka`: client settings and producers;
+//! - [`restore`]: restore I/O, next to its pure planner ([`restore::plan`]);
+//! - [`replay`]: the pure rule that drops upstream replays across a repartition.
+//!
+//! It must not touch Kubernetes (that is [`crate::coord`]) or decide what a record
+//! means (that is [`crate::task`] and the steps).
+
+mod assign;
+mod commit;
+mod kafka;
+pub mod replay;
+pub mod restore;
+mod run;
+mod standby;
+mod topics;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxbow_crds::names::changelog_topic;
+use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+
+use crate::config::App;
+use crate::expr::Env;
+use crate::status::{Desired, Shared};
+use crate::store::{SharedMemory, StoreError};
+use crate::task::Task;
+
+pub use topics::DEFAULT_PURGE_INTERVAL;
+
+use kafka::{Producers, Tracker, consumer_config, producer, transaction_timeout};
+use replay::Marks;
+use standby::Standby;
+
+#[cfg(doc)]
+use crate::task::SOURCE_HEADER;
+
+/// How long a Kafka request may take before the engine gives up on it.
+pub(crate) const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("failed to create the Kafka {what} client: {source}")]
+    CreateClient {
+        what: &'static str,
+        source: KafkaError,
+    },
+    #[error("failed to read metadata of source topics: {0}")]
+    Metadata(KafkaError),
+    #[error(transparent)]
+    Validate(#[from] oxbow_crds::validate::ValidationError),
+    #[error(transparent)]
+    Assign(#[from] oxbow_crds::assignment::AssignmentError),
+    #[error("failed to read committed offsets of group {group}: {source}")]
+    CommittedOffsets { group: String, source: KafkaError },
+    #[error("failed to initialise transactions for {transactional_id}: {source}")]
+    InitTransactions {
+        transactional_id: String,
+        source: KafkaError,
+    },
+    #[error("failed to restore store {store} of task {task} from {topic}: {message}")]
+    Restore {
+        task: TaskId,
+        store: String,
+        topic: String,
+        message: String,
+    },
+    #[error("failed to produce to {topic}: {source}")]
+    Produce { topic: String, source: KafkaError },
+    #[error("failed to commit task {task}: {source}")]
+    Commit { task: TaskId, source: KafkaError },
+    #[error("failed to commit offsets: {0}")]
+    CommitOffsets(KafkaError),
+    #[error("failed to deliver records: {0}")]
+    Delivery(String),
+    #[error("failed to assign source partitions: {0}")]
+    AssignPartitions(KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("failed to create topic {topic}: {message}")]
+    CreateTopic { topic: String, message: String },
+    #[error(
+        "failed to find the sink topic {0}: it does not exist (create it; Oxbow never creates or deletes sink topics)"
+    )]
+    SinkMissing(String),
+    /// The task was assigned elsewhere while it restored here: the restore stops.
+    #[error("task {0} was assigned elsewhere while it restored")]
+    Superseded(TaskId),
+    /// Asked to stop while starting tasks (SIGTERM during a restore): not a failure.
+    #[error("stopped while starting tasks")]
+    Stopped,
+    #[error("failed to initialise task {task}: {message}")]
+    Init { task: TaskId, message: String },
+}
+
+/// Flags of `oxbow-worker run` that the engine needs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub state_dir: PathBuf,
+    pub instance: u32,
+    pub instances: u32,
+    /// Block cache plus memtables for the whole process.
+    pub memory_budget: usize,
+    /// The instance number came from the pod name, not from `--instance`: a pod whose
+    /// ordinal is beyond `instances` runs no task (it must not double-process).
+    pub instance_from_pod_name: bool,
+    /// Standalone: `host:port` of every instance's HTTP server, index = instance, for query forwarding.
+    pub peers: Vec<String>,
+    /// Tasks come from the operator's assignment (see [`crate::coord`]), not from the
+    /// standalone rule.
+    pub coordination: Option<crate::coord::CoordConfig>,
+    /// How often consumed repartition records are deleted.
+    pub repartition_purge_interval: Duration,
+}
+
+pub struct Engine {
+    app: Arc<App>,
+    shared: Arc<Shared>,
+    env: Env,
+    consumer: BaseConsumer,
+    producers: Producers,
+    tracker: Arc<Tracker>,
+    /// Active tasks: they process source records and own their output.
+    tasks: BTreeMap<TaskId, Task>,
+    /// Standby tasks: they apply the changelog to a local copy of the state.
+    standbys: BTreeMap<TaskId, Standby>,
+    sink_topic: Option<String>,
+    dlq_topic: Option<String>,
+    /// Committed source offsets per task (what Kafka holds), for the restore filter.
+    committed: BTreeMap<TaskId, BTreeMap<String, i64>>,
+    /// The restore consumer, unassigned after restore: it asks for watermarks (lag) on
+    /// a connection that is not parked in the main consumer's long-poll fetches.
+    side: BaseConsumer,
+    memory: SharedMemory,
+    state_dir: PathBuf,
+    /// Changelog topic → store, to route standby records.
+    changelogs: HashMap<String, StoreName>,
+    /// Source and repartition topic → the stage that reads it.
+    input_stage: HashMap<String, u32>,
+    /// Tasks per stage (the source partition count).
+    partitions: u32,
+    /// Replay marks read from the group's committed offsets, until the task starts.
+    resumed_marks: BTreeMap<TaskId, Marks>,
+    /// Tasks whose marks did not fit in the commit metadata (warned once).
+    marks_too_long: BTreeSet<TaskId>,
+    /// When consumed repartition records were last deleted, and up to where.
+    last_purge: Instant,
+    purge_interval: Duration,
+    purged: BTreeMap<TaskId, i64>,
+    /// For DeleteRecords on repartition topics; created at the first purge.
+    admin: Option<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
+    /// The desired-state version last applied.
+    desired_seen: u64,
+    desired: Desired,
+    /// Active tasks waiting for their previous owner to let go, since when.
+    waiting: BTreeMap<TaskId, Instant>,
+}
+
+impl Engine {
+    /// Connects, reads the task count, creates missing topics. Tasks start when a
+    /// desired state arrives (at once in standalone mode).
+    pub fn start(
+        app: Arc<App>,
+        opts: &RunOptions,
+        shared: Arc<Shared>,
+    ) -> Result<Self, EngineError> {
+        let consumer: BaseConsumer =
+            consumer_config(&app, false)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "consumer",
+                    source,
+                })?;
+        let task_count = source_task_count(&app, &consumer)?;
+        let all_stores = all_stores(&app, task_count);
+        topics::ensure_topics(&app, &consumer, task_count, &all_stores)?;
+        check_sink(&app, &consumer)?;
+        let changelogs = all_stores
+            .iter()
+            .map(|s| (changelog_topic(&app.application_id, s), s.clone()))
+            .collect();
+        if let Ok(mut r) = shared.routing.write() {
+            r.task_count = task_count as u32;
+        }
+        // Which stage reads a topic: the sources feed stage 0, each repartition topic
+        // the stage behind it.
+        let mut input_stage = HashMap::new();
+        for stage in &app.topology.stages {
+            for t in stage.input_topics(&app.manifest.spec) {
+                input_stage.insert(t, stage.index);
+            }
+        }
+        if opts.coordination.is_none() {
+            publish_standalone_tasks(&app, opts, &shared, task_count)?;
+        } else {
+            tracing::info!(task_count, "waiting for the operator's assignment");
+        }
+
+        let tracker = Arc::new(Tracker::default());
+        let producers = match app.guarantee {
+            ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(&app, &tracker, None)?),
+            ProcessingGuarantee::ExactlyOnce => {
+                // Producers start with their tasks: a bad timeout fails the start, not
+                // the first assignment.
+                let timeout = transaction_timeout(&app)?;
+                tracing::info!(
+                    transaction_timeout_ms = timeout.as_millis() as u64,
+                    "exactly-once"
+                );
+                Producers::Transactional(BTreeMap::new())
+            }
+        };
+        let restore_consumer: BaseConsumer =
+            consumer_config(&app, true)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "restore consumer",
+                    source,
+                })?;
+        let mut engine = Self {
+            sink_topic: app.manifest.spec.sink.as_ref().map(|s| s.topic.clone()),
+            dlq_topic: app.manifest.dead_letter_topic(),
+            app,
+            shared,
+            env: Env::default(),
+            consumer,
+            producers,
+            tracker,
+            tasks: BTreeMap::new(),
+            standbys: BTreeMap::new(),
+            committed: BTreeMap::new(),
+            side: restore_consumer,
+            memory: SharedMemory::new(opts.memory_budget),
+            state_dir: opts.state_dir.clone(),
+            changelogs,
+            input_stage,
+            partitions: task_count as u32,
+            resumed_marks: BTreeMap::new(),
+            marks_too_long: BTreeSet::new(),
+            last_purge: Instant::now(),
+            purge_interval: opts.repartition_purge_interval,
+            purged: BTreeMap::new(),
+            admin: None,
+            desired_seen: 0,
+            desired: Desired::default(),
+            waiting: BTreeMap::new(),
+        };
+        // Standalone: restore and start every task before processing. Coordinated: the
+        // worker stays Starting (not ready) until it has applied an assignment.
+        engine.apply_desired()?;
+        Ok(engine)
+    }
+}
+
+/// The app's task count per stage: the source topics' partition count (validated to be
+/// the same for every source topic).
+fn source_task_count(app: &App, consumer: &BaseConsumer) -> Result<i32, EngineError> {
+    let mut partitions = BTreeMap::new();
+    for topic in &app.manifest.spec.source.topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+            .map_err(EngineError::Metadata)?;
+        let n = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions().len() as i32)
+            .filter(|n| *n > 0);
+        partitions.insert(topic.clone(), n);
+    }
+    Ok(oxbow_crds::validate::task_count(&partitions)?)
+}
+
+/// Every store of every task. A custom processor may declare stores per task, so each
+/// task is asked.
+fn all_stores(app: &App, task_count: i32) -> Vec<StoreName> {
+    app.topology
+        .tasks(task_count.max(1) as u32)
+        .into_iter()
+        .flat_map(|t| {
+            app.stage_steps(t.stage)
+                .iter()
+                .flat_map(move |f| f(t).stores())
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The sink belongs to the user (never created here): without this check a missing
+/// one shows only as a delivery timeout at the first commit.
+fn check_sink(app: &App, consumer: &BaseConsumer) -> Result<(), EngineError> {
+    let Some(sink) = &app.manifest.spec.sink else {
+        return Ok(());
+    };
+    let md = consumer
+        .fetch_metadata(Some(&sink.topic), KAFKA_TIMEOUT)
+        .map_err(EngineError::Metadata)?;
+    if md
+        .topics()
+        .iter()
+        .any(|t| t.name() == sink.topic && t.error().is_none() && !t.partitions().is_empty())
+    {
+        Ok(())
+    } else {
+        Err(EngineError::SinkMissing(sink.topic.clone()))
+    }
+}
+
+/// Standalone (no operator): this instance's tasks by the standalone rule, and a
+/// routing table that places every task's active on its instance.
+fn publish_standalone_tasks(
+    app: &App,
+    opts: &RunOptions,
+    shared: &Shared,
+    task_count: i32,
+) -> Result<(), EngineError> {
+    let all_tasks = app.topology.tasks(task_count as u32);
+    let ids = if opts.instance_from_pod_name && opts.instance >= opts.instances {
+        tracing::warn!(
+            instance = opts.instance,
+            instances = opts.instances,
+            "this pod's ordinal is beyond --instances: it runs no task (set OXBOW_INSTANCES, or run under the operator)"
+        );
+        Vec::new()
+    } else {
+        oxbow_crds::assignment::standalone(&all_tasks, opts.instance, opts.instances)?
+    };
+    tracing::info!(tasks = ?ids.iter().map(ToString::to_string).collect::<Vec<_>>(), task_count, "assigned tasks (standalone)");
+    if let Ok(mut r) = shared.routing.write() {
+        r.me = format!("instance-{}", opts.instance);
+        r.placements = all_tasks
+            .iter()
+            .map(|t| {
+                (
+                    *t,
+                    oxbow_crds::assignment::TaskPlacement {
+                        active: format!("instance-{}", t.partition % opts.instances.max(1)),
+                        standbys: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+    }
+    shared.set_desired(Desired {
+        generation: 0,
+        active: ids.into_iter().collect(),
+        ..Default::default()
+    });
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! The processing loop: poll, route a record to its standby or active task, send what
+//! the task returns, punctuate, and the periodic work (commits, purges, standby
+//! checkpoints, reports) that must run however busy the consumer is.
+//!
+//! It must not change what a record means (that is [`crate::task`]) nor the order of
+//! a commit (that is `commit`).
+
+use std::time::{Duration, Instant};
+
+use oxbow_crds::names::changelog_topic;
+use oxbow_crds::{ProcessingGuarantee, TaskId};
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::Producer;
+
+use super::kafka::{KProducer, Producers, header, send};
+use super::replay::{Admission, ORIGIN_HEADER, Origin};
+use super::standby::{STANDBY_BATCH, apply_standby_record};
+use super::{Engine, EngineError};
+use crate::metrics::{METRICS, task as task_label};
+use crate::status::TaskState;
+use crate::task::{KEY_HEADER, Outcome, Output, SourceMessage, now_ms};
+
+/// A task commits early when this many records are pending, whatever the interval.
+const MAX_UNCOMMITTED: u64 = 50_000;
+/// Every task commits its position at least this often, even when idle.
+const OFFSET_REFRESH: Duration = Duration::from_secs(60);
+
+/// When the loop last did each of its periodic jobs.
+struct Timers {
+    commit: Instant,
+    punctuate: Instant,
+    report: Instant,
+    refresh: Instant,
+    desired_check: Instant,
+    standby_flush: Instant,
+}
+
+impl Timers {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            commit: now,
+            punctuate: now,
+            report: now,
+            refresh: now,
+            desired_check: now,
+            standby_flush: now,
+        }
+    }
+}
+
+impl Engine {
+    /// Processes until asked to stop, then commits and returns.
+    pub fn run(mut self) -> Result<(), EngineError> {
+        let mut timers = Timers::new();
+        let mut out = Vec::new();
+        while !self.shared.stopping() {
+            if timers.desired_check.elapsed() >= Duration::from_millis(200) {
+                timers.desired_check = Instant::now();
+                match self.apply_desired() {
+                    // SIGTERM during a restore: commit what runs, below, and exit.
+                    Err(EngineError::Stopped) => break,
+                    r => r?,
+                }
+            }
+            match self.consumer.poll(Duration::from_millis(5)) {
+                // No `continue` below: the periodic work after the match (commits,
+                // standby flushes, reports) must run however busy the consumer is.
+                Some(Ok(m)) => 'msg: {
+                    if let Some(store) = self.changelogs.get(m.topic()).cloned() {
+                        let id = TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
+                        apply_standby_record(
+                            &mut self.standbys,
+                            self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
+                            self.app.inputs(id.stage),
+                            id,
+                            store,
+                            &m,
+                        );
+                        drop(m);
+                        // A standby catching up a long changelog writes as it goes:
+                        // its buffer stays bounded whatever the commit interval.
+                        if self
+                            .standbys
+                            .get(&id)
+                            .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
+                        {
+                            self.flush_standby(id)?;
+                        }
+                        break 'msg;
+                    }
+                    let Some(stage) = self.input_stage.get(m.topic()) else {
+                        break 'msg;
+                    };
+                    let id = TaskId::new(*stage, m.partition() as u32);
+                    let Some(task) = self.tasks.get_mut(&id) else {
+                        break 'msg;
+                    };
+                    if task.failed.is_some() {
+                        break 'msg;
+                    }
+                    METRICS.records_in.get_or_create(&task_label(id)).inc();
+                    let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+                    let origin = (alos && id.stage > 0)
+                        .then(|| header(&m, ORIGIN_HEADER))
+                        .flatten()
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(Origin::parse);
+                    let msg = SourceMessage {
+                        topic: m.topic(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key(),
+                        value: m.payload(),
+                        timestamp: m.timestamp().to_millis(),
+                        record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
+                    };
+                    if let Some(o) = &origin
+                        && task.marks.admit(o) == Admission::Replayed
+                    {
+                        task.skip_replayed(&msg);
+                        METRICS.replays_dropped.get_or_create(&task_label(id)).inc();
+                        self.shared.task(id, |t| t.replays_dropped += 1);
+                        break 'msg;
+                    }
+                    out.clear();
+                    let outcome = task.process(&self.app, &self.env, &msg, now_ms(), &mut out)?;
+                    let topic = m.topic().to_string();
+                    let from = alos.then(|| (m.partition(), m.offset()));
+                    drop(m);
+                    self.record_outcome(id, &topic, &outcome)?;
+                    let from = from.map(|(p, o)| (topic.as_str(), p, o));
+                    self.send_outputs(id, &out, from)?;
+                }
+                Some(Err(e)) => {
+                    // Broker restarts and the like: librdkafka reconnects by itself.
+                    tracing::warn!(error = %e, "consumer error");
+                }
+                None => {}
+            }
+            self.periodic(&mut timers, &mut out)?;
+        }
+        tracing::info!("stopping: committing the current unit of work");
+        self.shared.update(|s| s.state = "Stopping".into());
+        self.commit_all()?;
+        let standbys: Vec<TaskId> = self.standbys.keys().copied().collect();
+        for t in standbys {
+            self.flush_standby(t)?;
+        }
+        self.report();
+        // Everything is committed: the last status entry says so, and the next owner of
+        // each task need not wait for a release it would otherwise never see.
+        self.shared.update(|s| s.tasks.clear());
+        Ok(())
+    }
+
+    /// The work the loop does on timers rather than per record: punctuation, commits,
+    /// purges, standby checkpoints and reports.
+    fn periodic(&mut self, timers: &mut Timers, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        if timers.punctuate.elapsed() >= Duration::from_millis(100) {
+            timers.punctuate = Instant::now();
+            let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
+            for id in ids {
+                out.clear();
+                if let Some(task) = self.tasks.get_mut(&id)
+                    && task.failed.is_none()
+                {
+                    task.punctuate(&self.app, &self.env, now_ms(), out)?;
+                }
+                // Not tied to one input record: no origin, never dropped as a replay.
+                self.send_outputs(id, out, None)?;
+            }
+        }
+        if timers.refresh.elapsed() >= OFFSET_REFRESH {
+            // An idle partition's offsets would expire (offsets.retention.minutes)
+            // without a commit: commit every task's position now and then.
+            timers.refresh = Instant::now();
+            for t in self
+                .tasks
+                .values_mut()
+                .filter(|t| t.failed.is_none() && !t.positions.is_empty())
+            {
+                t.uncommitted = t.uncommitted.max(1);
+            }
+        }
+        let pending = self
+            .tasks
+            .values()
+            .map(|t| t.uncommitted)
+            .max()
+            .unwrap_or(0);
+        if timers.commit.elapsed() >= self.app.commit_interval || pending >= MAX_UNCOMMITTED {
+            self.commit_all()?;
+            timers.commit = Instant::now();
+        }
+        if self.last_purge.elapsed() >= self.purge_interval {
+            self.purge_repartitions();
+        }
+        if timers.standby_flush.elapsed() >= Duration::from_millis(500) {
+            timers.standby_flush = Instant::now();
+            self.flush_standbys()?;
+        }
+        if timers.report.elapsed() >= Duration::from_secs(2) {
+            timers.report = Instant::now();
+            self.report();
+        }
+        Ok(())
+    }
+
+    pub(super) fn record_outcome(
+        &mut self,
+        id: TaskId,
+        topic: &str,
+        outcome: &Outcome,
+    ) -> Result<(), EngineError> {
+        match outcome {
+            Outcome::Processed => self.shared.task(id, |t| t.processed += 1),
+            Outcome::DeadLettered => {
+                METRICS.dead_letters.get_or_create(&task_label(id)).inc();
+                self.shared.task(id, |t| t.dead_letters += 1);
+            }
+            Outcome::Skipped => {
+                METRICS.skipped.get_or_create(&task_label(id)).inc();
+                self.shared.task(id, |t| t.skipped += 1);
+            }
+            Outcome::Failed(m) => {
+                tracing::error!(task = %id, error = %m, "task failed (errors.policy: fail); its partitions are paused");
+                let _ = self.consumer.pause(&self.source_tpl(id));
+                self.shared.task(id, |t| {
+                    t.state = TaskState::Failed;
+                    t.last_error = Some(m.clone());
+                });
+                let _ = topic;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn producer_for(&mut self, id: TaskId) -> Result<&KProducer, EngineError> {
+        match &mut self.producers {
+            Producers::Shared(p) => Ok(p),
+            Producers::Transactional(m) => {
+                let (p, in_txn) = m.get_mut(&id).ok_or_else(|| EngineError::Init {
+                    task: id,
+                    message: "no producer for task".into(),
+                })?;
+                if !*in_txn {
+                    p.begin_transaction()
+                        .map_err(|source| EngineError::Commit { task: id, source })?;
+                    *in_txn = true;
+                }
+                Ok(p)
+            }
+        }
+    }
+
+    /// Sends a task's outputs. `from` is the input record they came from (topic,
+    /// partition, offset) under at-least-once: its repartitioned outputs carry it as
+    /// their origin, so the next stage can drop them when a replay writes them again.
+    pub(super) fn send_outputs(
+        &mut self,
+        id: TaskId,
+        out: &[Output],
+        from: Option<(&str, i32, i64)>,
+    ) -> Result<(), EngineError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (sink, dlq) = (self.sink_topic.clone(), self.dlq_topic.clone());
+        let p = self.producer_for(id)?;
+        let mut sent = 0;
+        let mut index = 0u32;
+        for o in out {
+            match o {
+                Output::Sink {
+                    key,
+                    value,
+                    timestamp,
+                } => {
+                    if let Some(topic) = &sink {
+                        send(
+                            p,
+                            topic,
+                            None,
+                            key.as_deref(),
+                            Some(value),
+                            None,
+                            Some(*timestamp),
+                        )?;
+                        sent += 1;
+                    }
+                }
+                Output::Repartition {
+                    topic,
+                    partition,
+                    key,
+                    value,
+                    record_key,
+                    timestamp,
+                } => {
+                    let mut h = OwnedHeaders::new().insert(Header {
+                        key: KEY_HEADER,
+                        value: Some(record_key.as_slice()),
+                    });
+                    if let Some((t, partition, offset)) = from {
+                        let origin = Origin::header(t, partition, offset, index);
+                        index += 1;
+                        h = h.insert(Header {
+                            key: ORIGIN_HEADER,
+                            value: Some(origin.as_str()),
+                        });
+                    }
+                    send(
+                        p,
+                        topic,
+                        Some(*partition),
+                        Some(key),
+                        Some(value),
+                        Some(h),
+                        Some(*timestamp),
+                    )?;
+                    sent += 1;
+                }
+                Output::DeadLetter {
+                    key,
+                    value,
+                    headers,
+                } => {
+                    if let Some(topic) = &dlq {
+                        let mut h = OwnedHeaders::new();
+                        for (k, v) in headers {
+                            h = h.insert(Header {
+                                key: k,
+                                value: Some(v.as_bytes()),
+                            });
+                        }
+                        send(
+                            p,
+                            topic,
+                            None,
+                            key.as_deref(),
+                            value.as_deref(),
+                            Some(h),
+                            None,
+                        )?;
+                    }
+                }
+            }
+        }
+        METRICS
+            .records_out
+            .get_or_create(&task_label(id))
+            .inc_by(sent);
+        Ok(())
+    }
+
+    pub(super) fn report(&mut self) {
+        for (id, task) in &self.tasks {
+            let mut lag = 0;
+            for topic in self.app.inputs(id.stage) {
+                if let Ok((_, high)) =
+                    self.side
+                        .fetch_watermarks(topic, id.kafka_partition(), Duration::from_secs(2))
+                {
+                    let pos = task.positions.get(topic).copied().unwrap_or(0);
+                    lag += (high - pos).max(0);
+                }
+            }
+            METRICS.lag.get_or_create(&task_label(*id)).set(lag);
+            for s in task.db.stores() {
+                METRICS
+                    .store_bytes
+                    .get_or_create(&crate::metrics::store(*id, s))
+                    .set(task.db.size_bytes(s) as i64);
+            }
+            self.shared.task(*id, |t| t.lag = Some(lag));
+        }
+        for (id, sb) in &self.standbys {
+            let mut lag = 0;
+            for (store, next) in &sb.next {
+                let topic = changelog_topic(&self.app.application_id, store);
+                if let Ok((_, high)) =
+                    self.side
+                        .fetch_watermarks(&topic, id.kafka_partition(), Duration::from_secs(2))
+                {
+                    lag += (high - next).max(0);
+                }
+            }
+            // Under exactly-once the log end includes transaction markers, which are
+            // never delivered: a caught-up standby may show a few records of lag.
+            self.shared.task(*id, |t| t.state_lag = Some(lag));
+        }
+    }
+}
