@@ -2,7 +2,7 @@
 //!
 //! - [`config`]: the StreamApp manifest, validated and compiled.
 //! - [`processor`]: the `Processor` trait every step implements (built-in or yours).
-//! - [`steps`]: the built-in steps. [`expr`]: CEL.
+//! - [`steps`]: the built-in steps, their windows and store layouts. [`expr`]: CEL.
 //! - [`task`]: one partition's unit of work; [`overlay`]: its staging area.
 //! - [`store`]: RocksDB per task.
 //! - [`engine`]: the Kafka loop, assignment, standbys, commits, restore I/O next to its
@@ -24,7 +24,6 @@ pub mod status;
 pub mod steps;
 pub mod store;
 pub mod task;
-pub mod window;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

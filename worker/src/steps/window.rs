@@ -3,6 +3,10 @@
 //! Times are epoch milliseconds. A window is `[start, end)`. Stream time is the largest
 //! record timestamp a task has seen; a window closes once stream time reaches
 //! `end + grace`, and a record whose every window is closed is late and dropped.
+//!
+//! Owns: reading a `window` spec and the timing rules (assign, closed, expired). Must
+//! not touch: state or stores; the aggregate step and the queries apply these rules to
+//! what they hold.
 
 use std::time::Duration;
 

@@ -1,0 +1,152 @@
+//! The byte layout of every built-in step's store: the one place that builds and parses
+//! store keys and the fixed-width values beside them. The steps write through it and the
+//! queries (`crate::query`) read through it, so the two cannot drift apart.
+//!
+//! Store layouts (keys are bytes in the step's column family):
+//! - dedupe: `k<id>` → first-seen event time (8 bytes, big-endian).
+//! - aggregate: `k<group key>` → JSON [`AggState`].
+//! - dedupe and aggregate: `m:stream-time` → the step's stream time (8 bytes,
+//!   big-endian). It does not start with `k`, so no scan of the `k` keys meets it.
+//! - batch: `h<group>` → JSON [`OpenBatch`]; `r<group>\0<seq:be32>` → a buffered record.
+//!   With several source topics `<group>` is `<user's group>\x1f<topic>`, one open batch
+//!   per topic.
+//!
+//! Owns: the prefixes, separators and fixed-width encodings. Must not touch: the stores
+//! themselves (no I/O here) or the JSON values' shapes, which belong to the step that
+//! writes them ([`AggState`], [`OpenBatch`]).
+//!
+//! [`AggState`]: super::AggState
+//! [`OpenBatch`]: super::OpenBatch
+
+/// Prefix of user keys in a dedupe store (ids) and an aggregate store (group keys).
+pub const KEY_PREFIX: &[u8] = b"k";
+/// Prefix of a batch store's open-batch headers.
+pub const HEADER_PREFIX: &[u8] = b"h";
+/// Prefix of a batch store's buffered records.
+pub const RECORD_PREFIX: &[u8] = b"r";
+/// A dedupe or aggregate step's stream time: not a user key.
+pub const STREAM_TIME: &[u8] = b"m:stream-time";
+/// Separates the user's group from the topic in a batch group (several source topics).
+pub const TOPIC_SEPARATOR: char = '\u{1f}';
+/// [`TOPIC_SEPARATOR`] as the byte it is in a key (it is ASCII).
+const TOPIC_SEPARATOR_BYTE: u8 = TOPIC_SEPARATOR as u8;
+/// Ends the group in a buffered record's key, before the sequence number.
+const RECORD_SEPARATOR: &[u8] = b"\0";
+
+/// `prefix` followed by the user's key bytes.
+pub fn prefixed(prefix: &[u8], user: &[u8]) -> Vec<u8> {
+    [prefix, user].concat()
+}
+
+/// A dedupe store's key for `id`: `k<id>`.
+pub fn dedupe_key(id: &str) -> Vec<u8> {
+    prefixed(KEY_PREFIX, id.as_bytes())
+}
+
+/// An aggregate store's key for `group`: `k<group>`.
+pub fn aggregate_key(group: &str) -> Vec<u8> {
+    prefixed(KEY_PREFIX, group.as_bytes())
+}
+
+/// The user key (a dedupe id or an aggregate group) of a `k` key; `None` for any other
+/// key of the store (such as [`STREAM_TIME`]).
+pub fn user_key(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(KEY_PREFIX)
+}
+
+/// A batch store's open-batch header key for `group`: `h<group>`.
+pub fn header_key(group: &str) -> Vec<u8> {
+    prefixed(HEADER_PREFIX, group.as_bytes())
+}
+
+/// The group of a header key; `None` for a buffered record's key.
+pub fn header_group(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(HEADER_PREFIX)
+}
+
+/// Whether `key` (found under the header key `header`) is that group's header or one of
+/// its per-topic headers (`h<group>\x1f<topic>`), not another group that merely starts
+/// with the same bytes.
+pub fn is_header_of(header: &[u8], key: &[u8]) -> bool {
+    key.len() == header.len() || key.get(header.len()) == Some(&TOPIC_SEPARATOR_BYTE)
+}
+
+/// A batch store's key for the `seq`-th buffered record of `group`:
+/// `r<group>\0<seq:be32>`. Big-endian so a group's records sort in arrival order.
+pub fn record_key(group: &str, seq: u32) -> Vec<u8> {
+    [
+        RECORD_PREFIX,
+        group.as_bytes(),
+        RECORD_SEPARATOR,
+        &seq.to_be_bytes(),
+    ]
+    .concat()
+}
+
+/// The batch group of a record from `topic` when a step reads several source topics: a
+/// batch id's offsets must all belong to one topic.
+pub fn topic_group(group: &str, topic: &str) -> String {
+    format!("{group}{TOPIC_SEPARATOR}{topic}")
+}
+
+/// A batch group split into the user's group and, with several source topics, the topic.
+pub fn split_topic_group(group: &str) -> (&str, Option<&str>) {
+    match group.split_once(TOPIC_SEPARATOR) {
+        Some((g, t)) => (g, Some(t)),
+        None => (group, None),
+    }
+}
+
+/// The first key past every key that starts with `prefix` (`k` → `l`): the open end of a
+/// scan of the whole prefix. `None` for the empty prefix (scan to the end).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    prefix
+        .split_last()
+        .map(|(last, head)| [head, &[last.saturating_add(1)]].concat())
+}
+
+/// An event time as stored (a dedupe mark, a stream time): 8 bytes, big-endian.
+pub fn encode_time(t: i64) -> Vec<u8> {
+    t.to_be_bytes().to_vec()
+}
+
+/// Reads [`encode_time`]'s bytes; `None` unless exactly 8 bytes.
+pub fn decode_time(v: &[u8]) -> Option<i64> {
+    <[u8; 8]>::try_from(v).ok().map(i64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_bytes_stay_what_existing_stores_hold() {
+        assert_eq!(dedupe_key("id"), b"kid");
+        assert_eq!(aggregate_key("g"), b"kg");
+        assert_eq!(header_key("g"), b"hg");
+        assert_eq!(record_key("g", 258), b"rg\0\0\0\x01\x02");
+        assert_eq!(topic_group("g", "t"), "g\u{1f}t");
+        assert_eq!(encode_time(1), vec![0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(prefix_end(KEY_PREFIX), Some(b"l".to_vec()));
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        assert_eq!(user_key(&dedupe_key("id")), Some(b"id".as_slice()));
+        assert_eq!(user_key(STREAM_TIME), None);
+        assert_eq!(header_group(&header_key("g")), Some(b"g".as_slice()));
+        assert_eq!(header_group(&record_key("g", 0)), None);
+        assert_eq!(split_topic_group(&topic_group("g", "t")), ("g", Some("t")));
+        assert_eq!(split_topic_group("g"), ("g", None));
+        assert_eq!(decode_time(&encode_time(-5)), Some(-5));
+        assert_eq!(decode_time(b"xy"), None);
+        let h = header_key("g");
+        assert!(is_header_of(&h, &h));
+        assert!(is_header_of(
+            &h,
+            header_key(&topic_group("g", "t")).as_slice()
+        ));
+        assert!(!is_header_of(&h, &header_key("gg")));
+    }
+}
