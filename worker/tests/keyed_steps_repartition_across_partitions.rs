@@ -461,6 +461,24 @@ fn barriers(
     v
 }
 
+/// An app that deduplicates `input` by `value.id` (not the key) into `sink`.
+fn dedupe_by_id(app: &str, input: &str, sink: &str) -> String {
+    format!(
+        r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: {app}}}
+spec:
+  kafka: {{bootstrapServers: "{bootstrap}"}}
+  source: {{topics: [{input}]}}
+  steps:
+  - dedupe: {{store: seen, id: value.id, within: 1h}}
+  sink: {{topic: {sink}}}
+"#,
+        bootstrap = bootstrap()
+    )
+}
+
 fn single_worker(app: &str, manifest: String) -> Worker {
     let dir = scratch_dir(app);
     let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
@@ -475,20 +493,7 @@ fn dedupe_on_an_id_that_is_not_the_key_drops_every_duplicate_across_partitions()
     let sink = format!("{app}-out");
     create_topic(&input, PARTITIONS);
     create_topic(&sink, PARTITIONS);
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  source: {{topics: [{input}]}}
-  steps:
-  - dedupe: {{store: seen, id: value.id, within: 1h}}
-  sink: {{topic: {sink}}}
-"#,
-        bootstrap = bootstrap()
-    );
+    let manifest = dedupe_by_id(&app, &input, &sink);
     let w = single_worker(&app, manifest);
 
     // 100 ids, each three times under three different keys on three different partitions.
@@ -568,20 +573,7 @@ fn repartition_records_are_deleted_once_the_next_stage_has_committed_them() {
     let sink = format!("{app}-out");
     create_topic(&input, PARTITIONS);
     create_topic(&sink, PARTITIONS);
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  source: {{topics: [{input}]}}
-  steps:
-  - dedupe: {{store: seen, id: value.id, within: 1h}}
-  sink: {{topic: {sink}}}
-"#,
-        bootstrap = bootstrap()
-    );
+    let manifest = dedupe_by_id(&app, &input, &sink);
     let dir = scratch_dir(&app);
     let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
     b.extra_args = vec!["--repartition-purge-interval".into(), "1s".into()];
