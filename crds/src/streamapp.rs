@@ -82,6 +82,12 @@ pub struct StreamAppSpec {
     /// (co-partitioned): partition N of every topic is task N.
     pub source: SourceSpec,
 
+    /// Tables the `join` steps look rows up in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))").message("table names must be unique"))]
+    pub tables: Vec<TableSpec>,
+
     /// The processing steps, applied in order to each record.
     #[serde(default)]
     #[schemars(length(max = 32))]
@@ -227,7 +233,7 @@ fn json_format() -> RecordFormat {
 /// One processing step: set exactly one of the step kinds.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("(has(self.filter) ? 1 : 0) + (has(self.map) ? 1 : 0) + (has(self.flatMap) ? 1 : 0) + (has(self.dedupe) ? 1 : 0) + (has(self.aggregate) ? 1 : 0) + (has(self.batch) ? 1 : 0) == 1").message("each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch"))]
+#[x_kube(validation = Rule::new("(has(self.filter) ? 1 : 0) + (has(self.map) ? 1 : 0) + (has(self.flatMap) ? 1 : 0) + (has(self.dedupe) ? 1 : 0) + (has(self.aggregate) ? 1 : 0) + (has(self.batch) ? 1 : 0) + (has(self.join) ? 1 : 0) + (has(self.to) ? 1 : 0) == 1").message("each step must set exactly one of filter, map, flatMap, dedupe, aggregate, batch, join or to"))]
 pub struct Step {
     /// A name for this step in errors, metrics and dead-letter headers (default: its kind
     /// and position, `filter-2`). A keyed step that repartitions names its topic
@@ -255,6 +261,94 @@ pub struct Step {
     /// Group records into batches every consumer sees identically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchStep>,
+    /// Enrich each record with the current row of a table (`spec.tables`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<JoinStep>,
+    /// Send the record to another topic as well (the record also goes on to the next
+    /// step): several outputs, or a branch by predicates or by a topic expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<ToStep>,
+}
+
+/// A stream–table join: the table row whose key is `key` is `other` in `value`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinStep {
+    /// The table's name in `spec.tables`.
+    #[schemars(length(min = 1, max = 63))]
+    pub table: String,
+    /// CEL over `key` and `value` returning the table key to look up (a string). A
+    /// table that is not global is co-partitioned with the stream: when the records
+    /// are not already partitioned by this expression, they are repartitioned by it.
+    #[schemars(length(min = 1))]
+    pub key: String,
+    /// `inner`: records without a table row are dropped. `left`: they go on with
+    /// `other` null.
+    #[serde(default, rename = "type")]
+    pub join_type: JoinType,
+    /// CEL over `key`, `value` and `other` (the table row, or null) returning the new
+    /// value. Default: `{"value": value, "other": other}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum JoinType {
+    #[default]
+    Inner,
+    Left,
+}
+
+/// An extra output: `topic` or `topicExpr`, optionally only `when` a predicate holds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.topic) != has(self.topicExpr)").message("to needs exactly one of topic or topicExpr"))]
+pub struct ToStep {
+    /// The topic. It must exist: the worker checks at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 249))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("to.topic may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topic: Option<String>,
+    /// CEL over `key` and `value` returning the topic name. A record whose topic does
+    /// not exist goes to `errors.policy` with reason `OutputTopicMissing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_expr: Option<String>,
+    /// CEL returning bool: only records for which it is true are sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// CEL returning the output key. Default: the record's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// CEL returning the output value. Default: the record's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// A table: a compacted topic read as a keyed store, latest value per key, tombstones
+/// delete. Its store is restored from the topic itself (no changelog).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TableSpec {
+    /// The table's name: `join.table` and queries (`/v1/stores/<name>`) use it.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 63").message("table names are lowercase letters, digits and '-' (at most 63)"))]
+    pub name: String,
+    /// The topic (compacted, keyed by the table key with the default murmur2
+    /// partitioner). Oxbow never creates, alters or deletes it.
+    #[schemars(length(max = 249))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("table topics may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topic: String,
+    /// How row values are read: `json` (default), `string` or `bytes`. Keys are read
+    /// as UTF-8 strings.
+    #[serde(default = "json_format")]
+    pub value_format: RecordFormat,
+    /// Every worker keeps the whole table (Kafka Streams' GlobalKTable): any lookup
+    /// key works without repartitioning, and the topic may have any partition count.
+    /// Otherwise each task keeps its partition, and the topic needs as many partitions
+    /// as the source topics.
+    #[serde(default)]
+    pub global: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -1,7 +1,8 @@
 //! Sub-topologies (stages) and repartitioning. Pure: both the operator (topics, task
 //! count, placement) and the worker (what each task runs) derive them from the spec.
 //!
-//! A keyed step (`aggregate`, `dedupe`, `batch` with `groupBy`) is correct only when
+//! A keyed step (`aggregate`, `dedupe`, `batch` with `groupBy`, a `join` of a table
+//! that is not global) is correct only when
 //! every record with the same key reaches the same task. The steps are walked in order,
 //! tracking which expressions the records flowing at that point are known to be
 //! partitioned by: `key` at the source (a producer partitions by the record key), plus
@@ -13,13 +14,19 @@
 //! written (trimmed): `value.userId` and `value["userId"]` are different to this walk and
 //! cost a repartition, never a wrong answer.
 //!
+//! A join also needs its key partitioned the way the table's producers partitioned
+//! theirs (murmur2 over the key's string): at stage 0 that holds only with the
+//! `murmur2` source partitioner and string keys, otherwise the join repartitions. The
+//! table's store belongs to the stage of its join, whose task N reads partition N of the
+//! table's topic as well.
+//!
 //! Every stage has as many tasks as the source topics have partitions, and the
 //! repartition topics as many partitions.
 
 use std::ops::Range;
 
 use crate::names::{StoreName, TaskId, repartition_topic};
-use crate::streamapp::{Step, StreamAppSpec};
+use crate::streamapp::{Partitioner, RecordFormat, Step, StreamAppSpec, TableSpec};
 use crate::validate::{step_label, step_store};
 
 /// The source record key, as an expression.
@@ -53,6 +60,9 @@ pub struct Stage {
     pub input: StageInput,
     /// The stores of its steps: a store belongs to the stage that writes it.
     pub stores: Vec<StoreName>,
+    /// The co-partitioned tables its joins read, with their topics: the table's store
+    /// is one of `stores`, fed from partition N of the topic instead of a changelog.
+    pub tables: Vec<(StoreName, String)>,
 }
 
 impl Stage {
@@ -97,6 +107,7 @@ impl Topology {
             steps: 0..0,
             input: StageInput::Source,
             stores: Vec::new(),
+            tables: Vec::new(),
         }];
         let partitioned_by = spec
             .source
@@ -108,9 +119,17 @@ impl Topology {
         by.extend(partitioned_by.clone());
         let mut routes = std::collections::BTreeMap::new();
         for (i, step) in spec.steps.iter().enumerate() {
-            let keyed = step_key(i, step);
+            let keyed = keyed_step(spec, i, step);
+            // A join at stage 0 finds its rows only if the source was partitioned the way
+            // the table's producers partition: murmur2 over the key's string.
+            let source_like_table = spec.source.partitioner == Partitioner::Murmur2
+                && spec.source.key_format == RecordFormat::String;
+            let colocated = |key: &String, stages_so_far: usize| {
+                by.contains(key)
+                    && (step.join.is_none() || stages_so_far > 1 || source_like_table)
+            };
             if let Some((key, path)) = keyed.clone()
-                && !by.contains(&key)
+                && !colocated(&key, stages.len())
             {
                 let index = stages.len() as u32;
                 stages.push(Stage {
@@ -123,6 +142,7 @@ impl Topology {
                         path,
                     },
                     stores: Vec::new(),
+                    tables: Vec::new(),
                 });
                 // The repartition topic is keyed by the step's key, not the record key
                 // (the record's own key travels with it).
@@ -138,6 +158,15 @@ impl Topology {
                 };
                 routes.insert(store.clone(), route);
                 stage.stores.push(store);
+            }
+            if let Some(table) = joined_table(spec, step).filter(|t| !t.global) {
+                let store = StoreName(table.name.clone());
+                // Keyed as its producers keyed it, whichever stage holds it.
+                routes.insert(store.clone(), KeyRoute::Murmur2);
+                if !stage.stores.contains(&store) {
+                    stage.stores.push(store.clone());
+                    stage.tables.push((store, table.topic.clone()));
+                }
             }
             by = partitioned_after(step, by);
         }
@@ -155,6 +184,15 @@ impl Topology {
 
     pub fn stage(&self, index: u32) -> Option<&Stage> {
         self.stages.get(index as usize)
+    }
+
+    /// The table topic a store is fed from, if it is a co-partitioned table's store.
+    pub fn table_topic(&self, store: &StoreName) -> Option<&str> {
+        self.stages
+            .iter()
+            .flat_map(|s| &s.tables)
+            .find(|(s, _)| s == store)
+            .map(|(_, t)| t.as_str())
     }
 
     /// The stage a store belongs to (stores of custom processors: the last one).
@@ -192,7 +230,28 @@ pub fn topic_name(step: &Step) -> String {
     step.name
         .clone()
         .or_else(|| step_store(step).map(|s| s.0))
+        .or_else(|| step.join.as_ref().map(|j| format!("join-{}", j.table)))
         .unwrap_or_else(|| "step".into())
+}
+
+/// The table a `join` step reads, if the step is one and the table is declared.
+pub fn joined_table<'a>(spec: &'a StreamAppSpec, step: &Step) -> Option<&'a TableSpec> {
+    let j = step.join.as_ref()?;
+    spec.tables.iter().find(|t| t.name == j.table)
+}
+
+/// [`step_key`], plus a join of a table that is not global (keyed by its lookup key).
+pub fn keyed_step(spec: &StreamAppSpec, index: usize, step: &Step) -> Option<(String, String)> {
+    if let Some(j) = &step.join {
+        return match joined_table(spec, step) {
+            Some(t) if !t.global => Some((
+                j.key.trim().to_string(),
+                format!("spec.steps[{index}].join.key"),
+            )),
+            _ => None,
+        };
+    }
+    step_key(index, step)
 }
 
 /// The key a keyed step needs co-located, with its field path. `batch` without
@@ -216,8 +275,12 @@ pub fn step_key(index: usize, step: &Step) -> Option<(String, String)> {
 
 /// What the records are partitioned by after `step`, given `by` before it.
 fn partitioned_after(step: &Step, by: Vec<String>) -> Vec<String> {
-    if step.filter.is_some() {
+    if step.filter.is_some() || step.to.is_some() {
         return by;
+    }
+    if step.join.is_some() {
+        // The value is new; the key is kept.
+        return by.into_iter().filter(|e| e == KEY).collect();
     }
     if let Some(m) = &step.map {
         // A new key is partitioned by nothing known; a new value keeps only `key`.

@@ -67,6 +67,50 @@ pub enum ValidationError {
         other: String,
     },
     #[error(
+        "{path}: step {step} joins table {table:?}, which spec.tables does not declare ({known})"
+    )]
+    UnknownTable {
+        path: String,
+        step: String,
+        table: String,
+        known: String,
+    },
+    #[error(
+        "{path}: step {step} joins table {table:?} in another stage than {other} does: a table that is not global lives in the stage of its join; join it before the repartition, or make it global"
+    )]
+    TableInTwoStages {
+        path: String,
+        step: String,
+        table: String,
+        other: String,
+    },
+    #[error("spec.tables: table {table:?} has the name of the store of {step}: tables and stores share one namespace")]
+    TableNameTaken { table: String, step: String },
+    #[error("{path}: step {step} writes to {topic:?}, which is {what}: {why}")]
+    OutputTopicTaken {
+        path: String,
+        step: String,
+        topic: String,
+        what: &'static str,
+        why: &'static str,
+    },
+    #[error(
+        "{path}: table {table:?} reads topic {topic:?} with {actual} partitions, but the app's tasks need {want} (the source topics' partition count): a table that is not global must be co-partitioned with the stream; give the topic {want} partitions or make the table global"
+    )]
+    TableNotCoPartitioned {
+        path: String,
+        table: String,
+        topic: String,
+        actual: i32,
+        want: i32,
+    },
+    #[error("{path}: table {table:?} reads topic {topic:?}, which does not exist")]
+    TableTopicMissing {
+        path: String,
+        table: String,
+        topic: String,
+    },
+    #[error(
         "{path}: the key {key:?} reads as a YAML 1.1 boolean: kubectl parses an unquoted n, y, no, yes, on or off as false or true, so this {what} would be named {key:?}; quote the key in the manifest (for example \"n\": {{count: {{}}}})"
     )]
     YamlBooleanKey {
@@ -89,6 +133,12 @@ impl ValidationError {
             Self::DuplicateStepName { .. } => "DuplicateStepName",
             Self::TopicCollision { .. } => "TopicCollision",
             Self::YamlBooleanKey { .. } => "YamlBooleanKey",
+            Self::UnknownTable { .. } => "UnknownTable",
+            Self::TableInTwoStages { .. } => "TableInTwoStages",
+            Self::TableNameTaken { .. } => "TableNameTaken",
+            Self::OutputTopicTaken { .. } => "OutputTopicTaken",
+            Self::TableNotCoPartitioned { .. } => "TableNotCoPartitioned",
+            Self::TableTopicMissing { .. } => "TableTopicMissing",
         }
     }
 }
@@ -184,6 +234,10 @@ pub fn step_kind(step: &Step) -> &'static str {
         "aggregate"
     } else if step.batch.is_some() {
         "batch"
+    } else if step.join.is_some() {
+        "join"
+    } else if step.to.is_some() {
+        "to"
     } else {
         "unknown"
     }
@@ -248,6 +302,16 @@ pub fn expressions(spec: &StreamAppSpec) -> Vec<(String, String)> {
         }
         if let Some(b) = &s.batch {
             push(format!("{p}.batch.groupBy"), &b.group_by);
+        }
+        if let Some(j) = &s.join {
+            push(format!("{p}.join.key"), &Some(j.key.clone()));
+            push(format!("{p}.join.value"), &j.value);
+        }
+        if let Some(t) = &s.to {
+            push(format!("{p}.to.topicExpr"), &t.topic_expr);
+            push(format!("{p}.to.when"), &t.when);
+            push(format!("{p}.to.key"), &t.key);
+            push(format!("{p}.to.value"), &t.value);
         }
     }
     if let Some(sink) = &spec.sink {
@@ -403,6 +467,122 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
         }
     }
     errors.extend(step_names(spec));
+    errors.extend(tables_and_outputs(spec, &owner));
+    errors
+}
+
+/// Joins name declared tables, a table that is not global lives in one stage, tables
+/// do not take a store's name, and a `to` topic is not read back as input.
+fn tables_and_outputs(
+    spec: &StreamAppSpec,
+    store_owner: &BTreeMap<String, String>,
+) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    for t in &spec.tables {
+        if let Some(step) = store_owner.get(&t.name) {
+            errors.push(ValidationError::TableNameTaken {
+                table: t.name.clone(),
+                step: step.clone(),
+            });
+        }
+    }
+    let topology = crate::topology::Topology::of("<applicationId>", spec);
+    let mut joined_in: BTreeMap<&str, (u32, String)> = BTreeMap::new();
+    for (i, s) in spec.steps.iter().enumerate() {
+        let path = format!("spec.steps[{i}]");
+        let label = step_label(i, s);
+        if let Some(j) = &s.join {
+            match spec.tables.iter().find(|t| t.name == j.table) {
+                None => errors.push(ValidationError::UnknownTable {
+                    path: format!("{path}.join.table"),
+                    step: label.clone(),
+                    table: j.table.clone(),
+                    known: match spec.tables.is_empty() {
+                        true => "no tables are declared".into(),
+                        false => format!(
+                            "declared: {}",
+                            spec.tables
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    },
+                }),
+                Some(t) if !t.global => {
+                    let stage = topology
+                        .stages
+                        .iter()
+                        .find(|st| st.steps.contains(&i))
+                        .map_or(0, |st| st.index);
+                    match joined_in.get(t.name.as_str()) {
+                        Some((other_stage, other)) if *other_stage != stage => {
+                            errors.push(ValidationError::TableInTwoStages {
+                                path: format!("{path}.join"),
+                                step: label.clone(),
+                                table: t.name.clone(),
+                                other: other.clone(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => {
+                            joined_in.insert(t.name.as_str(), (stage, label.clone()));
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(topic) = s.to.as_ref().and_then(|t| t.topic.as_ref()) {
+            let taken = if spec.source.topics.contains(topic) {
+                Some(("a source topic", "its records would be read back as input"))
+            } else if spec.tables.iter().any(|t| &t.topic == topic) {
+                Some(("a table's topic", "its records would become table rows"))
+            } else {
+                None
+            };
+            if let Some((what, why)) = taken {
+                errors.push(ValidationError::OutputTopicTaken {
+                    path: format!("{path}.to.topic"),
+                    step: label,
+                    topic: topic.clone(),
+                    what,
+                    why,
+                });
+            }
+        }
+    }
+    errors
+}
+
+/// Each co-partitioned table's topic exists with the app's task count (`None`: the
+/// topic is missing).
+pub fn table_partitions(
+    spec: &StreamAppSpec,
+    task_count: i32,
+    partitions: &BTreeMap<String, Option<i32>>,
+) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    for (i, t) in spec.tables.iter().enumerate() {
+        let path = format!("spec.tables[{i}].topic");
+        match partitions.get(&t.topic).copied().flatten() {
+            None => errors.push(ValidationError::TableTopicMissing {
+                path,
+                table: t.name.clone(),
+                topic: t.topic.clone(),
+            }),
+            Some(n) if !t.global && n != task_count => {
+                errors.push(ValidationError::TableNotCoPartitioned {
+                    path,
+                    table: t.name.clone(),
+                    topic: t.topic.clone(),
+                    actual: n,
+                    want: task_count,
+                })
+            }
+            Some(_) => {}
+        }
+    }
     errors
 }
 

@@ -21,7 +21,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use oxbow_crds::assignment::Params;
-use oxbow_crds::validate::{task_count, validate_app};
+use oxbow_crds::validate::{table_partitions, task_count, validate_app};
 use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -517,8 +517,11 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             None
         }
     };
+    // The sources and the tables: a table that is not global is co-partitioned.
+    let mut read_topics = app.spec.source.topics.clone();
+    read_topics.extend(app.spec.tables.iter().map(|t| t.topic.clone()));
     let source_counts = match &admin {
-        Some(a) => a.partition_counts(&app.spec.source.topics).await,
+        Some(a) => a.partition_counts(&read_topics).await,
         None => Ok(BTreeMap::new()),
     };
     let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
@@ -546,8 +549,14 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     }
     let tasks = match source_counts {
         Ok(_) if source_problem.is_some() => None,
-        Ok(counts) => match task_count(&counts) {
-            Ok(n) => Some(n),
+        Ok(counts) => match task_count(&source_only(&counts, &app.spec.source.topics)) {
+            Ok(n) => match table_partitions(&app.spec, n, &counts).first() {
+                Some(e) => {
+                    source_problem = Some(Verdict::stalled(reason::of(e), e.to_string()));
+                    None
+                }
+                None => Some(n),
+            },
             Err(e) => {
                 source_problem = Some(Verdict::stalled(reason::of(&e), e.to_string()));
                 None
@@ -1064,4 +1073,16 @@ mod tests {
             Some(Ok(watcher::Event::InitDone))
         ));
     }
+}
+
+/// The partition counts of the source topics alone.
+fn source_only(
+    counts: &BTreeMap<String, Option<i32>>,
+    sources: &[String],
+) -> BTreeMap<String, Option<i32>> {
+    counts
+        .iter()
+        .filter(|(t, _)| sources.contains(t))
+        .map(|(t, n)| (t.clone(), *n))
+        .collect()
 }

@@ -59,6 +59,10 @@ pub mod reason {
         DUPLICATE_STEP_NAME = "DuplicateStepName" on [super::READY, super::STALLED];
         TOPIC_COLLISION = "TopicCollision" on [super::READY, super::STALLED];
         YAML_BOOLEAN_KEY = "YamlBooleanKey" on [super::READY, super::STALLED];
+        UNKNOWN_TABLE = "UnknownTable" on [super::READY, super::STALLED];
+        TABLE_IN_TWO_STAGES = "TableInTwoStages" on [super::READY, super::STALLED];
+        TABLE_NAME_TAKEN = "TableNameTaken" on [super::READY, super::STALLED];
+        OUTPUT_TOPIC_TAKEN = "OutputTopicTaken" on [super::READY, super::STALLED];
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
@@ -67,6 +71,8 @@ pub mod reason {
         CONFIG_DRIFT = "ConfigDrift" on [super::TOPICS_READY];
         SOURCE_TOPICS_MISSING = "SourceTopicsMissing" on [super::TOPICS_READY];
         SOURCE_TOPICS_NOT_CO_PARTITIONED = "SourceTopicsNotCoPartitioned" on [super::TOPICS_READY];
+        TABLE_NOT_CO_PARTITIONED = "TableNotCoPartitioned" on [super::TOPICS_READY];
+        TABLE_TOPIC_MISSING = "TableTopicMissing" on [super::TOPICS_READY];
         KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
         INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
         KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
@@ -101,6 +107,12 @@ pub mod reason {
             ValidationError::DuplicateStepName { .. } => DUPLICATE_STEP_NAME,
             ValidationError::TopicCollision { .. } => TOPIC_COLLISION,
             ValidationError::YamlBooleanKey { .. } => YAML_BOOLEAN_KEY,
+            ValidationError::UnknownTable { .. } => UNKNOWN_TABLE,
+            ValidationError::TableInTwoStages { .. } => TABLE_IN_TWO_STAGES,
+            ValidationError::TableNameTaken { .. } => TABLE_NAME_TAKEN,
+            ValidationError::OutputTopicTaken { .. } => OUTPUT_TOPIC_TAKEN,
+            ValidationError::TableNotCoPartitioned { .. } => TABLE_NOT_CO_PARTITIONED,
+            ValidationError::TableTopicMissing { .. } => TABLE_TOPIC_MISSING,
         }
     }
 }

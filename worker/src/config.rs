@@ -192,6 +192,32 @@ impl App {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// The co-partitioned tables a task of `stage` keeps: store and topic.
+    pub fn stage_tables(&self, stage: u32) -> &[(oxbow_crds::StoreName, String)] {
+        self.topology
+            .stage(stage)
+            .map_or(&[], |s| s.tables.as_slice())
+    }
+
+    /// The topic a store is restored from and its standbys follow: the changelog, or
+    /// for a co-partitioned table the table's own topic.
+    pub fn store_topic(&self, store: &oxbow_crds::StoreName) -> String {
+        match self.topology.table_topic(store) {
+            Some(t) => t.to_string(),
+            None => oxbow_crds::names::changelog_topic(&self.application_id, store),
+        }
+    }
+
+    /// Whether a store is a co-partitioned table's (fed from its topic, no changelog).
+    pub fn is_table_store(&self, store: &oxbow_crds::StoreName) -> bool {
+        self.topology.table_topic(store).is_some()
+    }
+
+    /// The global tables: every worker keeps all of each.
+    pub fn global_tables(&self) -> impl Iterator<Item = &oxbow_crds::TableSpec> {
+        self.manifest.spec.tables.iter().filter(|t| t.global)
+    }
+
     /// The repartition topic the stage after `stage` reads, if any.
     pub fn next_stage_topic(&self, stage: u32) -> Option<&str> {
         match &self.topology.next(stage)?.input {

@@ -150,6 +150,27 @@ impl Expr {
     }
 
     fn eval(&self, env: &Env, input: &Input<'_>) -> Result<Value, ExprError> {
+        self.eval_with(env, input, None)
+    }
+
+    /// Evaluates with `other` (a joined table row, or null) in scope as well.
+    pub fn json_with_other(
+        &self,
+        env: &Env,
+        input: &Input<'_>,
+        other: &Json,
+    ) -> Result<Json, ExprError> {
+        let v = self.eval_with(env, input, Some(other))?;
+        v.json()
+            .map_err(|_| self.type_error(&v, "a JSON-representable value"))
+    }
+
+    fn eval_with(
+        &self,
+        env: &Env,
+        input: &Input<'_>,
+        other: Option<&Json>,
+    ) -> Result<Value, ExprError> {
         if let Some((var, fields)) = &self.selection {
             let mut v = match var {
                 Var::Key => input.key,
@@ -177,6 +198,9 @@ impl Expr {
         ctx.add_variable_from_value("key", to_cel(input.key));
         ctx.add_variable_from_value("value", to_cel(input.value));
         ctx.add_variable_from_value("timestamp", Value::Int(input.timestamp));
+        if let Some(o) = other {
+            ctx.add_variable_from_value("other", to_cel(o));
+        }
         self.program.execute(&ctx).map_err(|e| ExprError::Evaluate {
             path: self.path.clone(),
             expr: self.source.clone(),

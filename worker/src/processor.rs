@@ -51,6 +51,36 @@ impl From<crate::expr::ExprError> for StepError {
 /// Visits one committed entry of a store: key, value.
 pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StepError> + 'a;
 
+/// What a step may ask of the worker beyond its own task: the global tables, and
+/// whether a topic exists (for outputs whose topic a record names).
+pub trait Lookups: Send + Sync {
+    /// The raw row of `key` in global table `table`, if any.
+    fn global_row(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Whether `topic` exists (cached: this is asked per record).
+    fn topic_exists(&self, topic: &str) -> bool;
+}
+
+/// No global tables, every topic exists: for tests and tools without a worker.
+pub struct NoLookups;
+impl Lookups for NoLookups {
+    fn global_row(&self, _: &str, _: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    fn topic_exists(&self, _: &str) -> bool {
+        true
+    }
+}
+
+/// A record for a topic other than the sink's, sent by a `to` step in the unit of work
+/// of the record that reached it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToRecord {
+    pub topic: std::sync::Arc<str>,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub timestamp: i64,
+}
+
 /// A processor's window on its task: state, source position, CEL environment.
 pub struct Context<'a> {
     pub(crate) task: TaskId,
@@ -59,6 +89,9 @@ pub struct Context<'a> {
     pub(crate) env: &'a Env,
     pub(crate) source: Option<SourcePos>,
     pub(crate) now_ms: i64,
+    pub(crate) lookups: &'a dyn Lookups,
+    /// Records for other topics, kept only if the unit of work succeeds.
+    pub(crate) sends: &'a mut Vec<ToRecord>,
 }
 
 impl Context<'_> {
@@ -88,6 +121,17 @@ impl Context<'_> {
     }
     pub fn delete(&mut self, store: &StoreName, key: &[u8]) {
         self.overlay.delete(store, key);
+    }
+    /// The raw row of `key` in global table `table`.
+    pub fn global_row(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StepError> {
+        Ok(self.lookups.global_row(table, key)?)
+    }
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        self.lookups.topic_exists(topic)
+    }
+    /// Sends a record to `topic` in this unit of work.
+    pub fn send(&mut self, s: ToRecord) {
+        self.sends.push(s);
     }
     /// Every committed entry of a store (RocksDB only): for [`Processor::init`], which
     /// runs before any record, when the overlay is empty.

@@ -14,7 +14,7 @@ use crate::config::App;
 use crate::engine::replay::Marks;
 use crate::expr::{Env, Input};
 use crate::overlay::Overlay;
-use crate::processor::{Context, Processor, Record, SourcePos, StepError};
+use crate::processor::{Context, Lookups, Processor, Record, SourcePos, StepError, ToRecord};
 use crate::query::partition_for;
 use crate::store::{StoreError, TaskDb};
 
@@ -62,6 +62,8 @@ pub enum Output {
         record_key: Vec<u8>,
         timestamp: i64,
     },
+    /// From a `to` step: to a topic of its choosing.
+    To(ToRecord),
     /// The original bytes with the reason in headers.
     DeadLetter {
         key: Option<Vec<u8>>,
@@ -98,6 +100,9 @@ pub struct Task {
     pub db: Arc<TaskDb>,
     overlay: Overlay,
     processors: Vec<Box<dyn Processor>>,
+    lookups: Arc<dyn Lookups>,
+    /// The topics of the co-partitioned tables this task keeps, with their stores.
+    tables: Vec<(String, oxbow_crds::StoreName)>,
     /// Next offset per source topic.
     pub positions: BTreeMap<String, i64>,
     /// Something happened since the last commit (records, punctuation output).
@@ -115,6 +120,7 @@ impl Task {
         partitions: u32,
         db: Arc<TaskDb>,
         processors: Vec<Box<dyn Processor>>,
+        lookups: Arc<dyn Lookups>,
     ) -> Self {
         Self {
             id,
@@ -123,6 +129,12 @@ impl Task {
             db,
             overlay: Overlay::default(),
             processors,
+            lookups,
+            tables: app
+                .stage_tables(id.stage)
+                .iter()
+                .map(|(s, t)| (t.clone(), s.clone()))
+                .collect(),
             positions: BTreeMap::new(),
             uncommitted: 0,
             marks: Marks::default(),
@@ -132,6 +144,7 @@ impl Task {
 
     /// After restore: processors rebuild their in-memory hints from the stores.
     pub fn init(&mut self, env: &Env) -> Result<(), StepError> {
+        let mut sends = Vec::new();
         let mut ctx = Context {
             task: self.id,
             overlay: &mut self.overlay,
@@ -139,6 +152,8 @@ impl Task {
             env,
             source: None,
             now_ms: now_ms(),
+            lookups: &*self.lookups,
+            sends: &mut sends,
         };
         for p in &mut self.processors {
             p.init(&mut ctx)?;
@@ -220,6 +235,21 @@ impl Task {
         now: i64,
         produced: &mut Vec<Output>,
     ) -> Result<(), (String, StepError)> {
+        if let Some((_, store)) = self.tables.iter().find(|(t, _)| t == msg.topic) {
+            // A table row: the latest value per key, a tombstone deletes. Stored as the
+            // topic has it; joins decode it.
+            let Some(key) = msg.key else {
+                return Err((
+                    format!("table-{store}"),
+                    StepError::Record("a table row without a key".into()),
+                ));
+            };
+            match msg.value {
+                Some(v) => self.overlay.put(store, key, v.to_vec()),
+                None => self.overlay.delete(store, key),
+            }
+            return Ok(());
+        }
         let (key, value, timestamp) = match self.id.stage {
             0 => self.decode_source(app, env, msg, now)?,
             _ => decode_repartitioned(msg, now)?,
@@ -232,6 +262,7 @@ impl Task {
             },
             false,
         )];
+        let mut sends = Vec::new();
         let mut ctx = Context {
             task: self.id,
             overlay: &mut self.overlay,
@@ -239,6 +270,8 @@ impl Task {
             env,
             source: Some(source),
             now_ms: now,
+            lookups: &*self.lookups,
+            sends: &mut sends,
         };
         let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;
         let mut dead = Vec::new();
@@ -250,6 +283,8 @@ impl Task {
             isolate,
             &mut dead,
         )?;
+        let src = ctx.source.clone();
+        produced.extend(sends.into_iter().map(Output::To));
         Self::emit_to(
             self.next_topic.as_ref(),
             self.partitions,
@@ -261,7 +296,6 @@ impl Task {
             &mut dead,
             produced,
         )?;
-        let src = ctx.source.clone();
         dead_emissions(self.id, app, dead, src.as_ref(), produced);
         Ok(())
     }
@@ -275,6 +309,7 @@ impl Task {
         out: &mut Vec<Output>,
     ) -> Result<(), StoreError> {
         let mut produced = Vec::new();
+        let mut sends = Vec::new();
         let mut ctx = Context {
             task: self.id,
             overlay: &mut self.overlay,
@@ -282,6 +317,8 @@ impl Task {
             env,
             source: None,
             now_ms: now,
+            lookups: &*self.lookups,
+            sends: &mut sends,
         };
         let mut result = Ok(());
         let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;
@@ -320,6 +357,8 @@ impl Task {
                 break;
             }
         }
+        drop(ctx);
+        produced.extend(sends.into_iter().map(Output::To));
         dead_emissions(self.id, app, dead, None, &mut produced);
         match result {
             Ok(()) => {

@@ -238,6 +238,9 @@ impl Engine {
         for topic in self.app.inputs(id.stage) {
             tpl.add_partition(topic, id.kafka_partition());
         }
+        for (_, topic) in self.app.stage_tables(id.stage) {
+            tpl.add_partition(topic, id.kafka_partition());
+        }
         tpl
     }
 
@@ -403,7 +406,8 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let app = self.app.clone();
         let processors: Vec<_> = app.stage_steps(id.stage).iter().map(|f| f(id)).collect();
-        let mut task = Task::new(&app, id, self.partitions, db, processors);
+        let lookups: Arc<dyn crate::processor::Lookups> = self.lookups.clone();
+        let mut task = Task::new(&app, id, self.partitions, db.clone(), processors, lookups);
         task.positions = done.clone();
         task.marks = self.resumed_marks.remove(&id).unwrap_or_default();
         if !task.marks.is_empty() {
@@ -424,6 +428,15 @@ impl Engine {
                 .map_or(Offset::Beginning, |o| Offset::Offset(*o));
             assign
                 .add_partition_offset(topic, id.kafka_partition(), off)
+                .map_err(EngineError::AssignPartitions)?;
+        }
+        // A table's topic goes on from where its store was restored to.
+        let checkpoint = db.checkpoint()?;
+        for (store, topic) in app.stage_tables(id.stage) {
+            let next = checkpoint.changelog.get(store).copied().unwrap_or(0);
+            task.positions.insert(topic.clone(), next);
+            assign
+                .add_partition_offset(topic, id.kafka_partition(), Offset::Offset(next))
                 .map_err(EngineError::AssignPartitions)?;
         }
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that

@@ -72,7 +72,8 @@ impl Engine {
     /// Takes each task's unit of work and sends its changelog records (the last value
     /// of each dirty key, with the source positions that produced it).
     fn send_changelogs(&mut self, ids: &[TaskId]) -> Result<Commits, EngineError> {
-        let app_id = self.app.application_id.clone();
+        let app = self.app.clone();
+        let app_id = app.application_id.clone();
         let mut commits = BTreeMap::new();
         for id in ids {
             let Some(task) = self.tasks.get_mut(id) else {
@@ -82,6 +83,10 @@ impl Engine {
             let mut stores = Vec::new();
             let p = self.producer_for(*id)?;
             for ((store, key), value) in &c.writes {
+                // A table's rows come from its own topic, which is its changelog.
+                if app.is_table_store(store) {
+                    continue;
+                }
                 let topic = changelog_topic(&app_id, store);
                 let h = OwnedHeaders::new().insert(Header {
                     key: SOURCE_HEADER,
@@ -207,6 +212,12 @@ impl Engine {
         for s in stores {
             if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.kafka_partition())) {
                 checkpoints.insert(s.clone(), o + 1);
+            }
+        }
+        // A table's store is as far as the task has read its topic.
+        for (s, topic) in self.app.stage_tables(id.stage) {
+            if let Some(next) = c.positions.get(topic) {
+                checkpoints.insert(s.clone(), *next);
             }
         }
         let Some(task) = self.tasks.get(&id) else {

@@ -19,7 +19,8 @@
 //! - `commit`: the unit of work into Kafka, then RocksDB; `topics`: creating topics
 //!   and deleting consumed repartition records; `kafka`: client settings and producers;
 //! - [`restore`]: restore I/O, next to its pure planner ([`restore::plan`]);
-//! - [`replay`]: the pure rule that drops upstream replays across a repartition.
+//! - [`replay`]: the pure rule that drops upstream replays across a repartition;
+//! - [`lookups`]: global tables and which topics exist, for the steps.
 //!
 //! It must not touch Kubernetes (that is [`crate::coord`]) or decide what a record
 //! means (that is [`crate::task`] and the steps).
@@ -27,6 +28,7 @@
 mod assign;
 mod commit;
 mod kafka;
+pub mod lookups;
 pub mod replay;
 pub mod restore;
 mod run;
@@ -38,7 +40,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxbow_crds::names::changelog_topic;
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -114,6 +115,20 @@ pub enum EngineError {
     Stopped,
     #[error("failed to initialise task {task}: {message}")]
     Init { task: TaskId, message: String },
+    #[error("failed to find the topic {0} of a table: it does not exist (Oxbow never creates table topics)")]
+    TableMissing(String),
+    #[error("failed to start: {0}")]
+    Invalid(String),
+    #[error(
+        "failed to find the output topic {topic} of step {step}: it does not exist (create it; Oxbow never creates output topics)"
+    )]
+    OutputTopicMissing { step: String, topic: String },
+    #[error("failed to write global table {table}: {source}")]
+    GlobalTable {
+        table: String,
+        #[source]
+        source: StoreError,
+    },
 }
 
 /// Flags of `oxbow-worker run` that the engine needs.
@@ -170,6 +185,8 @@ pub struct Engine {
     last_purge: Instant,
     purge_interval: Duration,
     purged: BTreeMap<TaskId, i64>,
+    /// Global tables and the topic-existence cache, shared with every task.
+    lookups: Arc<lookups::WorkerLookups>,
     /// For DeleteRecords on repartition topics; created at the first purge.
     admin: Option<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>,
     /// The desired-state version last applied.
@@ -195,12 +212,15 @@ impl Engine {
                     source,
                 })?;
         let task_count = source_task_count(&app, &consumer)?;
+        check_tables(&app, &consumer, task_count)?;
         let all_stores = all_stores(&app, task_count);
         topics::ensure_topics(&app, &consumer, task_count, &all_stores)?;
         check_sink(&app, &consumer)?;
+        check_outputs(&app, &consumer)?;
+        // The topic each store's copies follow: its changelog, or a table's topic.
         let changelogs = all_stores
             .iter()
-            .map(|s| (changelog_topic(&app.application_id, s), s.clone()))
+            .map(|s| (app.store_topic(s), s.clone()))
             .collect();
         if let Ok(mut r) = shared.routing.write() {
             r.task_count = task_count as u32;
@@ -211,6 +231,9 @@ impl Engine {
         for stage in &app.topology.stages {
             for t in stage.input_topics(&app.manifest.spec) {
                 input_stage.insert(t, stage.index);
+            }
+            for (_, t) in &stage.tables {
+                input_stage.insert(t.clone(), stage.index);
             }
         }
         if opts.coordination.is_none() {
@@ -240,6 +263,28 @@ impl Engine {
                     what: "restore consumer",
                     source,
                 })?;
+        let memory = SharedMemory::new(opts.memory_budget);
+        let metadata: BaseConsumer =
+            consumer_config(&app, false)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "metadata",
+                    source,
+                })?;
+        // Global tables are whole before any task runs.
+        let lookups = Arc::new(lookups::WorkerLookups::bootstrap(
+            &app,
+            &restore_consumer,
+            metadata,
+            &opts.state_dir,
+            &memory,
+        )?);
+        let follow = lookups.follow_from()?;
+        if follow.count() > 0 {
+            consumer
+                .incremental_assign(&follow)
+                .map_err(EngineError::AssignPartitions)?;
+        }
         let mut engine = Self {
             sink_topic: app.manifest.spec.sink.as_ref().map(|s| s.topic.clone()),
             dlq_topic: app.manifest.dead_letter_topic(),
@@ -253,7 +298,8 @@ impl Engine {
             standbys: BTreeMap::new(),
             committed: BTreeMap::new(),
             side: restore_consumer,
-            memory: SharedMemory::new(opts.memory_budget),
+            memory,
+            lookups,
             state_dir: opts.state_dir.clone(),
             changelogs,
             input_stage,
@@ -308,6 +354,51 @@ fn all_stores(app: &App, task_count: i32) -> Vec<StoreName> {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
+}
+
+/// Each co-partitioned table's topic has the app's task count; a global one exists.
+fn check_tables(app: &App, consumer: &BaseConsumer, task_count: i32) -> Result<(), EngineError> {
+    let mut counts = BTreeMap::new();
+    for t in &app.manifest.spec.tables {
+        let md = consumer
+            .fetch_metadata(Some(&t.topic), KAFKA_TIMEOUT)
+            .map_err(EngineError::Metadata)?;
+        let n = md
+            .topics()
+            .iter()
+            .find(|m| m.name() == t.topic && m.error().is_none())
+            .map(|m| m.partitions().len() as i32)
+            .filter(|n| *n > 0);
+        counts.insert(t.topic.clone(), n);
+    }
+    let errors = oxbow_crds::validate::table_partitions(&app.manifest.spec, task_count, &counts);
+    match errors.first() {
+        Some(e) => Err(EngineError::Invalid(e.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// The fixed topics of `to` steps exist (a producer would wait for them for ever).
+fn check_outputs(app: &App, consumer: &BaseConsumer) -> Result<(), EngineError> {
+    for (i, step) in app.manifest.spec.steps.iter().enumerate() {
+        let Some(topic) = step.to.as_ref().and_then(|t| t.topic.as_ref()) else {
+            continue;
+        };
+        let md = consumer
+            .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
+            .map_err(EngineError::Metadata)?;
+        if !md
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        {
+            return Err(EngineError::OutputTopicMissing {
+                step: oxbow_crds::validate::step_label(i, step),
+                topic: topic.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The sink belongs to the user (never created here): without this check a missing

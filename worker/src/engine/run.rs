@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use oxbow_crds::names::changelog_topic;
 use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -68,7 +67,22 @@ impl Engine {
                 // No `continue` below: the periodic work after the match (commits,
                 // standby flushes, reports) must run however busy the consumer is.
                 Some(Ok(m)) => 'msg: {
-                    if let Some(store) = self.changelogs.get(m.topic()).cloned() {
+                    if let Some(g) = self.lookups.by_topic(m.topic()) {
+                        g.apply(m.partition(), m.offset(), m.key(), m.payload())
+                            .map_err(|source| EngineError::GlobalTable {
+                                table: g.store.0.clone(),
+                                source,
+                            })?;
+                        break 'msg;
+                    }
+                    if let Some(store) = self.changelogs.get(m.topic()).cloned()
+                        // A table's topic is its store's changelog for a standby, and
+                        // an input of the active that keeps it.
+                        && !self.tasks.contains_key(&TaskId::new(
+                            self.stage_of_changelog(&store),
+                            m.partition() as u32,
+                        ))
+                    {
                         let id = TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
                         apply_standby_record(
                             &mut self.standbys,
@@ -322,6 +336,18 @@ impl Engine {
                     )?;
                     sent += 1;
                 }
+                Output::To(r) => {
+                    send(
+                        p,
+                        &r.topic,
+                        None,
+                        r.key.as_deref(),
+                        Some(&r.value),
+                        None,
+                        Some(r.timestamp),
+                    )?;
+                    sent += 1;
+                }
                 Output::DeadLetter {
                     key,
                     value,
@@ -379,7 +405,7 @@ impl Engine {
         for (id, sb) in &self.standbys {
             let mut lag = 0;
             for (store, next) in &sb.next {
-                let topic = changelog_topic(&self.app.application_id, store);
+                let topic = self.app.store_topic(store);
                 if let Ok((_, high)) =
                     self.side
                         .fetch_watermarks(&topic, id.kafka_partition(), Duration::from_secs(2))

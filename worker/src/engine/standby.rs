@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxbow_crds::names::changelog_topic;
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
@@ -118,7 +117,7 @@ impl Engine {
         let mut tpl = TopicPartitionList::new();
         for store in self.task_stores(id) {
             tpl.add_partition(
-                &changelog_topic(&self.app.application_id, &store),
+                &self.app.store_topic(&store),
                 id.kafka_partition(),
             );
         }
@@ -177,14 +176,14 @@ impl Engine {
             ProcessingGuarantee::ExactlyOnce => self.consumer.position().ok(),
             ProcessingGuarantee::AtLeastOnce => None,
         };
-        let app_id = self.app.application_id.clone();
+        let app = self.app.clone();
         let Some(sb) = self.standbys.get_mut(&id) else {
             return Ok(());
         };
         if let Some(pos) = &positions {
             for (store, next) in sb.next.iter_mut() {
                 if let Some(Offset::Offset(o)) = pos
-                    .find_partition(&changelog_topic(&app_id, store), id.kafka_partition())
+                    .find_partition(&app.store_topic(store), id.kafka_partition())
                     .map(|e| e.offset())
                 {
                     *next = (*next).max(o);

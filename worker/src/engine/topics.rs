@@ -97,7 +97,7 @@ pub(super) fn ensure_topics(
     use rdkafka::client::DefaultClientContext;
     let mut wanted = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
     // Stores of custom processors are not in the spec: same defaults as built-in ones.
-    for s in stores {
+    for s in stores.iter().filter(|s| !app.is_table_store(s)) {
         let name = changelog_topic(&app.application_id, s);
         if !wanted.iter().any(|w| w.name == name)
             && let Some(template) = wanted

@@ -32,6 +32,8 @@ pub enum Layout {
     Dedupe { within: i64 },
     /// `h<group>` → the open batch's header.
     Batch,
+    /// A co-partitioned table: the topic's key → its value, as the topic has them.
+    Table { value_format: RecordFormat },
     /// A custom processor's store: raw bytes.
     Custom,
 }
@@ -42,7 +44,7 @@ impl Layout {
         match self {
             Layout::Aggregate { .. } | Layout::Dedupe { .. } => keys::KEY_PREFIX,
             Layout::Batch => keys::HEADER_PREFIX,
-            Layout::Custom => b"",
+            Layout::Table { .. } | Layout::Custom => b"",
         }
     }
     pub(crate) fn windowed(&self) -> bool {
@@ -54,6 +56,7 @@ impl Layout {
             Layout::Aggregate { .. } => "aggregate",
             Layout::Dedupe { .. } => "dedupe",
             Layout::Batch => "batch",
+            Layout::Table { .. } => "table",
             Layout::Custom => "custom",
         }
     }
@@ -129,6 +132,25 @@ impl Catalog {
                     route,
                 },
             );
+        }
+        // Co-partitioned tables, held by the stage of their join, keyed as the table's
+        // producers keyed them.
+        for stage in &topology.stages {
+            for (store, _) in &stage.tables {
+                let Some(t) = spec.tables.iter().find(|t| t.name == store.0) else {
+                    continue;
+                };
+                stores.insert(
+                    store.0.clone(),
+                    StoreInfo {
+                        layout: Layout::Table {
+                            value_format: t.value_format,
+                        },
+                        stage: stage.index,
+                        route: KeyRoute::Murmur2,
+                    },
+                );
+            }
         }
         // Stores of processors compiled into a custom worker: their keys are unknown.
         let last = topology.stage_count() - 1;
@@ -234,6 +256,12 @@ pub fn decode_entry(
             Ok(h) => json!({ "batches": [h] }),
             Err(e) => raw(value, format!("failed to decode the open batch: {e}")),
         },
+        Layout::Table { value_format } => {
+            match crate::task::decode(Some(value), *value_format) {
+                Ok(v) => json!({ "value": v }),
+                Err(e) => raw(value, format!("failed to decode the table row: {e}")),
+            }
+        }
         Layout::Custom => raw(
             value,
             "store written by a custom processor: its value is returned as stored".into(),

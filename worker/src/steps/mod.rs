@@ -1,4 +1,5 @@
-//! The built-in steps (`filter`, `map`, `flatMap`, `dedupe`, `aggregate`, `batch`) as
+//! The built-in steps (`filter`, `map`, `flatMap`, `dedupe`, `aggregate`, `batch`,
+//! `join`, `to`) as
 //! [`Processor`]s, compiled from the spec once and instantiated per task.
 //!
 //! Owns: compiling the spec's steps ([`compile`]), each step's processing (one file per
@@ -16,8 +17,10 @@ mod aggregate;
 mod batch;
 mod dedupe;
 mod filter;
+mod join;
 pub mod keys;
 mod map;
+mod to;
 pub mod window;
 
 use oxbow_crds::duration::parse_duration;
@@ -33,7 +36,11 @@ use aggregate::Aggregate;
 use batch::Batch;
 use dedupe::Dedupe;
 use filter::Filter;
+use join::Join;
 use map::{FlatMap, Map};
+use to::To;
+
+pub use to::OUTPUT_TOPIC_MISSING;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -107,11 +114,20 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
         } else if let Some(b) = &step.batch {
             let per_topic = spec.source.topics.len() > 1;
             out.push(factory(Batch::compile(&p, name, b, per_topic)?));
+        } else if let Some(j) = &step.join {
+            let table = oxbow_crds::topology::joined_table(spec, step).ok_or_else(|| {
+                CompileError::Invalid {
+                    path: format!("{p}.join.table"),
+                    message: format!("table {:?} is not declared in spec.tables", j.table),
+                }
+            })?;
+            out.push(factory(Join::compile(&p, name, j, table)?));
+        } else if let Some(t) = &step.to {
+            out.push(factory(To::compile(&p, name, t)?));
         } else {
             return Err(CompileError::Invalid {
                 path: p,
-                message: "a step must set one of filter, map, flatMap, dedupe, aggregate or batch"
-                    .into(),
+                message: "a step must set one of filter, map, flatMap, dedupe, aggregate, batch, join or to".into(),
             });
         }
     }

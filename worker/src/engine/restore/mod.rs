@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use oxbow_crds::names::changelog_topic;
 use oxbow_crds::{StoreName, TaskId};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -138,7 +137,7 @@ pub(super) fn plan_stores(
     let checkpoint = db.checkpoint()?;
     let mut out = Vec::new();
     for store in stores {
-        let topic = changelog_topic(&app.application_id, store);
+        let topic = app.store_topic(store);
         let (low, high) = watermarks(consumer, &topic, id.kafka_partition()).map_err(|e| {
             EngineError::Restore {
                 task: id,
