@@ -125,8 +125,7 @@ impl Topology {
             let source_like_table = spec.source.partitioner == Partitioner::Murmur2
                 && spec.source.key_format == RecordFormat::String;
             let colocated = |key: &String, stages_so_far: usize| {
-                by.contains(key)
-                    && (step.join.is_none() || stages_so_far > 1 || source_like_table)
+                by.contains(key) && (step.join.is_none() || stages_so_far > 1 || source_like_table)
             };
             if let Some((key, path)) = keyed.clone()
                 && !colocated(&key, stages.len())

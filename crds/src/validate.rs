@@ -84,7 +84,9 @@ pub enum ValidationError {
         table: String,
         other: String,
     },
-    #[error("spec.tables: table {table:?} has the name of the store of {step}: tables and stores share one namespace")]
+    #[error(
+        "spec.tables: table {table:?} has the name of the store of {step}: tables and stores share one namespace"
+    )]
     TableNameTaken { table: String, step: String },
     #[error("{path}: step {step} writes to {topic:?}, which is {what}: {why}")]
     OutputTopicTaken {

@@ -409,6 +409,12 @@ impl Engine {
         let lookups: Arc<dyn crate::processor::Lookups> = self.lookups.clone();
         let mut task = Task::new(&app, id, self.partitions, db.clone(), processors, lookups);
         task.positions = done.clone();
+        // A table's topic goes on from where its store was restored to.
+        let checkpoint = db.checkpoint()?;
+        for (store, topic) in app.stage_tables(id.stage) {
+            let next = checkpoint.changelog.get(store).copied().unwrap_or(0);
+            task.positions.insert(topic.clone(), next);
+        }
         task.marks = self.resumed_marks.remove(&id).unwrap_or_default();
         if !task.marks.is_empty() {
             tracing::info!(task = %id, marks = ?task.marks, "resuming with replay marks");
@@ -430,11 +436,8 @@ impl Engine {
                 .add_partition_offset(topic, id.kafka_partition(), off)
                 .map_err(EngineError::AssignPartitions)?;
         }
-        // A table's topic goes on from where its store was restored to.
-        let checkpoint = db.checkpoint()?;
-        for (store, topic) in app.stage_tables(id.stage) {
-            let next = checkpoint.changelog.get(store).copied().unwrap_or(0);
-            task.positions.insert(topic.clone(), next);
+        for (_, topic) in app.stage_tables(id.stage) {
+            let next = task.positions.get(topic).copied().unwrap_or(0);
             assign
                 .add_partition_offset(topic, id.kafka_partition(), Offset::Offset(next))
                 .map_err(EngineError::AssignPartitions)?;

@@ -107,12 +107,20 @@ impl WorkerLookups {
         for t in app.global_tables() {
             let store = StoreName(t.name.clone());
             let n = partition_count(side, &t.topic)?;
-            let dir = state_dir.join(&app.application_id).join("global").join(&t.name);
+            let dir = state_dir
+                .join(&app.application_id)
+                .join("global")
+                .join(&t.name);
             let partitions = (0..n)
                 .map(|p| {
                     let id = TaskId::new(GLOBAL_STAGE, p);
-                    TaskDb::open(&dir.join(p.to_string()), id, std::slice::from_ref(&store), memory)
-                        .map(Arc::new)
+                    TaskDb::open(
+                        &dir.join(p.to_string()),
+                        id,
+                        std::slice::from_ref(&store),
+                        memory,
+                    )
+                    .map(Arc::new)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let table = GlobalTable {
@@ -143,7 +151,12 @@ impl WorkerLookups {
         let mut tpl = TopicPartitionList::new();
         for g in self.globals.values() {
             for (p, db) in g.partitions.iter().enumerate() {
-                let next = db.checkpoint()?.changelog.get(&g.store).copied().unwrap_or(0);
+                let next = db
+                    .checkpoint()?
+                    .changelog
+                    .get(&g.store)
+                    .copied()
+                    .unwrap_or(0);
                 tpl.add_partition_offset(&g.topic, p as i32, Offset::Offset(next))
                     .map_err(EngineError::AssignPartitions)?;
             }
@@ -191,7 +204,8 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
     let mut tpl = TopicPartitionList::new();
     let mut ends = BTreeMap::new();
     for (p, db) in t.partitions.iter().enumerate() {
-        let (low, high) = watermarks(consumer, &t.topic, p as i32).map_err(EngineError::Metadata)?;
+        let (low, high) =
+            watermarks(consumer, &t.topic, p as i32).map_err(EngineError::Metadata)?;
         let cp = db.checkpoint()?.changelog.get(&t.store).copied();
         // A checkpoint outside the log (the topic was recreated or truncated): read it
         // all again over what is there; rows are the latest value per key anyway.
@@ -211,7 +225,9 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
     if ends.is_empty() {
         return Ok(0);
     }
-    consumer.assign(&tpl).map_err(EngineError::AssignPartitions)?;
+    consumer
+        .assign(&tpl)
+        .map_err(EngineError::AssignPartitions)?;
     let mut rows = 0u64;
     let mut batches: BTreeMap<i32, (Vec<crate::overlay::Write>, i64)> = BTreeMap::new();
     let mut idle_since = Instant::now();
@@ -225,7 +241,10 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
                 };
                 let b = batches.entry(p).or_default();
                 if let Some(k) = m.key() {
-                    b.0.push(((t.store.clone(), k.to_vec()), m.payload().map(<[u8]>::to_vec)));
+                    b.0.push((
+                        (t.store.clone(), k.to_vec()),
+                        m.payload().map(<[u8]>::to_vec),
+                    ));
                     rows += 1;
                 }
                 b.1 = m.offset() + 1;
@@ -236,12 +255,15 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
                     ends.remove(&p);
                 }
             }
-            Some(Err(e)) => tracing::warn!(topic = %t.topic, error = %e, "global table consumer error"),
+            Some(Err(e)) => {
+                tracing::warn!(topic = %t.topic, error = %e, "global table consumer error")
+            }
             None => {
                 // The end may be a transaction marker, never delivered.
                 if let Ok(pos) = consumer.position() {
                     for e in pos.elements_for_topic(&t.topic) {
-                        if let (Offset::Offset(o), Some(end)) = (e.offset(), ends.get(&e.partition()).copied())
+                        if let (Offset::Offset(o), Some(end)) =
+                            (e.offset(), ends.get(&e.partition()).copied())
                             && o >= end
                         {
                             let b = batches.entry(e.partition()).or_default();
@@ -256,7 +278,10 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
                         task: TaskId::new(GLOBAL_STAGE, 0),
                         store: t.store.0.clone(),
                         topic: t.topic.clone(),
-                        message: format!("no progress for {}s loading the global table", KAFKA_TIMEOUT.as_secs()),
+                        message: format!(
+                            "no progress for {}s loading the global table",
+                            KAFKA_TIMEOUT.as_secs()
+                        ),
                     });
                 }
             }

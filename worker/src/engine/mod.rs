@@ -115,7 +115,9 @@ pub enum EngineError {
     Stopped,
     #[error("failed to initialise task {task}: {message}")]
     Init { task: TaskId, message: String },
-    #[error("failed to find the topic {0} of a table: it does not exist (Oxbow never creates table topics)")]
+    #[error(
+        "failed to find the topic {0} of a table: it does not exist (Oxbow never creates table topics)"
+    )]
     TableMissing(String),
     #[error("failed to start: {0}")]
     Invalid(String),

@@ -116,10 +116,7 @@ impl Engine {
         self.flush_standby(id)?;
         let mut tpl = TopicPartitionList::new();
         for store in self.task_stores(id) {
-            tpl.add_partition(
-                &self.app.store_topic(&store),
-                id.kafka_partition(),
-            );
+            tpl.add_partition(&self.app.store_topic(&store), id.kafka_partition());
         }
         self.consumer
             .incremental_unassign(&tpl)

@@ -686,3 +686,100 @@ pub fn data_ends(topic: &str) -> BTreeMap<i32, i64> {
     }
     ends
 }
+
+/// xorshift: reproducible "random" kill points.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+/// Standalone workers `0..n` of one app, each with its own state directory, that can be
+/// SIGKILLed and restarted one by one. With `peers` they know each other's addresses.
+pub struct Fleet {
+    pub builders: Vec<WorkerBuilder>,
+    pub workers: Vec<Option<Worker>>,
+}
+
+impl Fleet {
+    pub fn new(manifest: &str, dir: &Path, n: u32, peers: bool) -> Self {
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let peer_list = ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let builders = (0..n)
+            .map(|i| {
+                let mut b =
+                    WorkerBuilder::new(manifest.to_string(), &dir.join(format!("state-{i}")));
+                b.instance = i;
+                b.instances = n;
+                b.port = Some(ports[i as usize]);
+                if peers {
+                    b.extra_args = vec!["--peers".into(), peer_list.clone()];
+                }
+                b
+            })
+            .collect();
+        Self {
+            builders,
+            workers: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    /// Starts every worker that is not running and waits until all are ready.
+    pub fn start_missing(&mut self) {
+        for (b, w) in self.builders.iter().zip(self.workers.iter_mut()) {
+            if w.is_none() {
+                *w = Some(b.spawn());
+            }
+        }
+        for w in self.workers.iter_mut().flatten() {
+            w.wait_ready(Duration::from_secs(90));
+        }
+    }
+
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(w) = self.workers[i].take() {
+            w.kill9();
+        }
+    }
+
+    /// Records handled by the running workers since they started.
+    pub fn handled(&self) -> u64 {
+        self.workers
+            .iter()
+            .flatten()
+            .map(|w| w.handled().unwrap_or(0))
+            .sum()
+    }
+
+    pub fn running(&mut self) -> Vec<&mut Worker> {
+        self.workers.iter_mut().flatten().collect()
+    }
+
+    pub fn addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.workers.iter().flatten().map(|w| w.addr).collect()
+    }
+
+    pub fn logs(&self) -> String {
+        self.workers
+            .iter()
+            .flatten()
+            .map(|w| format!("== {}\n{}", w.log.display(), w.logs()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// SIGTERM to every worker, asserting clean exits.
+    pub fn stop(self) {
+        for w in self.workers.into_iter().flatten() {
+            w.stop();
+        }
+    }
+}
