@@ -448,6 +448,90 @@ mod tests {
         );
     }
 
+    fn join(table: &str, key: &str) -> Step {
+        Step {
+            join: Some(crate::streamapp::JoinStep {
+                table: table.into(),
+                key: key.into(),
+                join_type: Default::default(),
+                value: None,
+            }),
+            ..Default::default()
+        }
+    }
+    fn with_table(mut s: StreamAppSpec, global: bool) -> StreamAppSpec {
+        s.tables = vec![TableSpec {
+            name: "users".into(),
+            topic: "users-topic".into(),
+            value_format: RecordFormat::Json,
+            global,
+        }];
+        s
+    }
+
+    #[test]
+    fn a_join_by_a_field_repartitions_and_its_stage_reads_the_table_topic() {
+        let t = Topology::of(
+            "f",
+            &with_table(spec(vec![join("users", "value.userId")], None), false),
+        );
+        assert_eq!(t.stage_count(), 2);
+        assert_eq!(t.repartition_topics()[0].1, "f-join-users-repartition");
+        assert_eq!(
+            t.stages[1].tables,
+            vec![(StoreName("users".into()), "users-topic".to_string())]
+        );
+        assert_eq!(
+            t.table_topic(&StoreName("users".into())),
+            Some("users-topic")
+        );
+        assert_eq!(t.routes[&StoreName("users".into())], KeyRoute::Murmur2);
+    }
+
+    #[test]
+    fn a_join_by_the_key_needs_no_repartition_only_where_the_source_is_partitioned_like_the_table()
+    {
+        let t = Topology::of(
+            "f",
+            &with_table(spec(vec![join("users", "key")], None), false),
+        );
+        assert_eq!(
+            t.stage_count(),
+            1,
+            "murmur2 over string keys, as the table's producers"
+        );
+        let mut s = with_table(spec(vec![join("users", "key")], None), false);
+        s.source.partitioner = Partitioner::Crc32;
+        assert_eq!(
+            Topology::of("f", &s).stage_count(),
+            2,
+            "a crc32 source is not where murmur2 puts the rows"
+        );
+        // After an aggregate the records are keyed (and murmur2-partitioned) by the group.
+        let t = Topology::of(
+            "f",
+            &with_table(
+                spec(
+                    vec![agg("per-user", "value.userId"), join("users", "key")],
+                    None,
+                ),
+                false,
+            ),
+        );
+        assert_eq!(t.stage_count(), 2);
+        assert_eq!(t.stages[1].tables.len(), 1);
+    }
+
+    #[test]
+    fn a_global_table_join_stays_in_its_stage() {
+        let t = Topology::of(
+            "f",
+            &with_table(spec(vec![join("users", "value.userId")], None), true),
+        );
+        assert_eq!(t.stage_count(), 1);
+        assert!(t.stages[0].tables.is_empty());
+    }
+
     #[test]
     fn a_batch_without_group_by_stays_per_task() {
         let b = |g: Option<&str>| Step {

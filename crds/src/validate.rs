@@ -703,6 +703,13 @@ mod tests {
         serde_yaml::from_str(yaml).expect("valid manifest")
     }
 
+    /// An app reading `in` with the given `tables:` and `steps:` lines.
+    fn app_with(rest: &str) -> StreamApp {
+        app(&format!(
+            "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: t}}\nspec:\n  kafka: {{bootstrapServers: \"k:9092\"}}\n  source: {{topics: [in]}}\n{rest}"
+        ))
+    }
+
     const BASE: &str = r#"
 apiVersion: oxbow.dev/v1alpha1
 kind: StreamApp
@@ -898,6 +905,81 @@ spec:
         let mut a = with("10m", r#""transaction.timeout.ms": "60000""#);
         a.spec.processing_guarantee = ProcessingGuarantee::AtLeastOnce;
         assert_eq!(validate_spec(&a.spec), vec![]);
+    }
+
+    #[test]
+    fn joins_and_outputs_are_checked_naming_the_step() {
+        let a = app_with(
+            r#"
+  tables:
+  - {name: users, topic: users}
+  - {name: seen, topic: other}
+  steps:
+  - dedupe: {store: seen, id: value.txId, within: 1h}
+  - join: {table: user, key: value.userId}
+  - to: {topic: in}
+"#,
+        );
+        let errors = validate_spec(&a.spec);
+        let reasons: Vec<&str> = errors.iter().map(ValidationError::reason).collect();
+        assert!(reasons.contains(&"TableNameTaken"), "{errors:?}");
+        assert!(reasons.contains(&"UnknownTable"), "{errors:?}");
+        assert!(reasons.contains(&"OutputTopicTaken"), "{errors:?}");
+        let text = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("step join-1 joins table \"user\""), "{text}");
+        assert!(
+            text.contains("step to-2 writes to \"in\", which is a source topic"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_table_joined_in_two_stages_is_rejected() {
+        let a = app_with(
+            r#"
+  tables:
+  - {name: users, topic: users}
+  steps:
+  - join: {table: users, key: value.userId}
+  - aggregate: {store: s, groupBy: value.country, fields: {n: {count: {}}}}
+  - join: {table: users, key: key}
+"#,
+        );
+        let errors = validate_spec(&a.spec);
+        assert!(
+            errors.iter().any(|e| e.reason() == "TableInTwoStages"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn a_table_needs_its_topic_and_unless_global_the_task_count() {
+        let a = app_with(
+            r#"
+  tables:
+  - {name: users, topic: users}
+  - {name: countries, topic: countries, global: true}
+"#,
+        );
+        let counts = BTreeMap::from([
+            ("users".to_string(), Some(3)),
+            ("countries".to_string(), Some(1)),
+        ]);
+        let errors = table_partitions(&a.spec, 4, &counts);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].reason(), "TableNotCoPartitioned");
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("with 3 partitions, but the app's tasks need 4")
+        );
+        let missing = table_partitions(&a.spec, 3, &BTreeMap::new());
+        assert_eq!(missing.len(), 2);
+        assert!(missing.iter().all(|e| e.reason() == "TableTopicMissing"));
     }
 
     #[test]

@@ -49,7 +49,7 @@ op_pod=$(kubectl get pods -n oxbow-system -l app.kubernetes.io/component=operato
 op_log="$STACK_DIR/node/logs/oxbow-system_${op_pod}_operator.log"
 # A previous run's app (maybe an older image) goes first; its topics and volumes are kept.
 kubectl delete streamapp -n "$ns" fraud-detection --ignore-not-found --wait=true --timeout=120s >/dev/null
-for t in payments risk-alerts; do
+for t in payments risk-alerts users; do
   kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" \
     --create --if-not-exists --topic "$t" --partitions 4
 done
@@ -65,17 +65,21 @@ kubectl get streamapp -n "$ns" fraud-detection \
 kubectl get statefulset,pods,pvc -n "$ns" -l oxbow.dev/streamapp=fraud-detection
 
 echo "== Payments through the real workers"
-# A fresh user each run (state outlives runs): 7 payments of 300.00, one of them sent
-# twice (dedupe drops the copy), so alerts say count 6 and 7, never 8; u-7 pays twice.
+# A fresh user each run (state outlives runs) with a limit of 150000 in the users table;
+# 7 payments of 300.00, one of them sent twice (dedupe drops the copy), so alerts say
+# count 6 and 7, never 8; u-7 pays twice. Payments are keyed by their txId, as most
+# producers key them: the app repartitions by txId and by userId itself.
 now=$(date +%s%3N)
 user="u-$(date +%s)"
+echo "$user|{\"limit\":150000}" | kafka_java org.apache.kafka.tools.ConsoleProducer \
+  --bootstrap-server "$KAFKA_BOOTSTRAP" --topic users --property parse.key=true --property key.separator='|'
 {
   for i in 1 2 3 4 5 6 7; do
-    echo "$user|{\"txId\":\"$user-$i\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
+    echo "$user-$i|{\"txId\":\"$user-$i\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
   done
-  echo "$user|{\"txId\":\"$user-3\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
+  echo "$user-3|{\"txId\":\"$user-3\",\"userId\":\"$user\",\"amount\":30000,\"ts\":$now}"
   for i in 1 2; do
-    echo "u-7|{\"txId\":\"$user-u7-$i\",\"userId\":\"u-7\",\"amount\":1500,\"ts\":$now}"
+    echo "$user-u7-$i|{\"txId\":\"$user-u7-$i\",\"userId\":\"u-7\",\"amount\":1500,\"ts\":$now}"
   done
 } | kafka_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "$KAFKA_BOOTSTRAP" \
   --topic payments --property parse.key=true --property key.separator='|'
@@ -90,6 +94,7 @@ done
 grep -q '"count":7' <<<"$alerts" \
   || die "no alert with count 7 for $user reached risk-alerts (worker logs: $STACK_DIR/node/logs/${ns}_fraud-detection-*_worker.log)"
 grep -q '"count":8' <<<"$alerts" && die "the duplicate payment was counted: $alerts"
+grep '"count":7' <<<"$alerts" | grep -q '"limit":150000' || die "the alert does not carry the user's own limit from the users table: $alerts"
 echo "   alerts on risk-alerts (read_committed; the duplicate was not counted):"
 sed 's/^/     /' <<<"$alerts"
 ip=$(kubectl get streamapp -n "$ns" fraud-detection -o jsonpath='{.status.instances[0].address}')

@@ -1042,6 +1042,18 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .await;
 }
 
+/// The partition counts of the source topics alone.
+fn source_only(
+    counts: &BTreeMap<String, Option<i32>>,
+    sources: &[String],
+) -> BTreeMap<String, Option<i32>> {
+    counts
+        .iter()
+        .filter(|(t, _)| sources.contains(t))
+        .map(|(t, n)| (t.clone(), *n))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1073,16 +1085,4 @@ mod tests {
             Some(Ok(watcher::Event::InitDone))
         ));
     }
-}
-
-/// The partition counts of the source topics alone.
-fn source_only(
-    counts: &BTreeMap<String, Option<i32>>,
-    sources: &[String],
-) -> BTreeMap<String, Option<i32>> {
-    counts
-        .iter()
-        .filter(|(t, _)| sources.contains(t))
-        .map(|(t, n)| (t.clone(), *n))
-        .collect()
 }
