@@ -59,7 +59,7 @@ const REJECTED: &[(&str, &str, &str, &str)] = &[
         "step with two kinds",
         "- dedupe: {store: seen, id: value.txId, within: 1h}",
         "- {filter: {cel: 'true'}, map: {value: value}}",
-        "each step must set exactly one of filter, map, flatMap, dedupe, aggregate or batch",
+        "each step must set exactly one of filter, map, flatMap, dedupe, aggregate, batch, join or to",
     ),
     (
         "step with no kind",
