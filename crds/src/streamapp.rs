@@ -261,7 +261,8 @@ pub struct Step {
     /// Group records into batches every consumer sees identically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchStep>,
-    /// Enrich each record with the current row of a table (`spec.tables`).
+    /// Enrich each record with the current row of a table (`spec.tables`), or join it
+    /// with the records of another stream within a time window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<JoinStep>,
     /// Send the record to another topic as well (the record also goes on to the next
@@ -270,26 +271,73 @@ pub struct Step {
     pub to: Option<ToStep>,
 }
 
-/// A stream–table join: the table row whose key is `key` is `other` in `value`.
+/// A join: with a table (`table`), the row whose key is `key` is `other` in `value`;
+/// with a stream (`stream`), each record of the other stream whose key is `key` and
+/// whose event time is at most `within` away.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.table) != has(self.stream)").message("join needs exactly one of table or stream"))]
 pub struct JoinStep {
-    /// The table's name in `spec.tables`.
+    /// The table's name in `spec.tables` (a stream–table join).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
-    pub table: String,
-    /// CEL over `key` and `value` returning the table key to look up (a string). A
-    /// table that is not global is co-partitioned with the stream: when the records
-    /// are not already partitioned by this expression, they are repartitioned by it.
+    pub table: Option<String>,
+    /// The other stream (a stream–stream join within `within`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<JoinStream>,
+    /// CEL over `key` and `value` returning the join key (a string): the table key to
+    /// look up, or the key the other stream's records are keyed by. Both sides are
+    /// co-partitioned: when the records are not already partitioned by this expression,
+    /// they are repartitioned by it.
     #[schemars(length(min = 1))]
     pub key: String,
-    /// `inner`: records without a table row are dropped. `left`: they go on with
-    /// `other` null.
+    /// `inner`: records without a match are dropped. `left`: they go on with `other`
+    /// null (for a stream, once their window has closed). `outer` (streams only):
+    /// unmatched records of both sides go on, the missing side null.
     #[serde(default, rename = "type")]
     pub join_type: JoinType,
-    /// CEL over `key`, `value` and `other` (the table row, or null) returning the new
-    /// value. Default: `{"value": value, "other": other}`.
+    /// Stream–stream only: how far apart in event time two records may be and still
+    /// join (both directions), such as `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("within must be a duration such as 5m"))]
+    pub within: Option<String>,
+    /// Stream–stream only: how far behind the stream time a record may arrive and still
+    /// join. Later records are dropped and counted as late. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h|d))+$')").message("grace must be a duration such as 1m"))]
+    pub grace: Option<String>,
+    /// Stream–stream only: the store buffering both sides (default `join-<topic>`);
+    /// its changelog is `<applicationId>-<store>-changelog`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 100))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && size(self) <= 100").message("store names are lowercase letters, digits and '-'"))]
+    pub store: Option<String>,
+    /// CEL over `key`, `value` and `other` returning the new value. For a table, `other`
+    /// is the row or null; for a stream, `value` is this side's record and `other` the
+    /// other stream's (either null in an unmatched `left` or `outer` result). Default:
+    /// `{"value": value, "other": other}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+}
+
+/// The other side of a stream–stream join: a topic keyed by the join key (the default
+/// murmur2 partitioner over the key's string), with as many partitions as the stage of
+/// the join has tasks. Its records enter the steps at the join.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinStream {
+    #[schemars(length(max = 249))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("stream topics may use letters, digits, '.', '_' and '-' (at most 249)"))]
+    pub topic: String,
+    /// How its values are read: `json` (default), `string` or `bytes`.
+    #[serde(default = "json_format")]
+    pub value_format: RecordFormat,
+    /// Event time of its records: CEL over `key` and `value` (epoch milliseconds or RFC
+    /// 3339). Default: the Kafka record timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
@@ -298,6 +346,7 @@ pub enum JoinType {
     #[default]
     Inner,
     Left,
+    Outer,
 }
 
 /// An extra output: `topic` or `topicExpr`, optionally only `when` a predicate holds.

@@ -63,15 +63,21 @@ pub struct Stage {
     /// The co-partitioned tables its joins read, with their topics: the table's store
     /// is one of `stores`, fed from partition N of the topic instead of a changelog.
     pub tables: Vec<(StoreName, String)>,
+    /// The other streams of its stream–stream joins: topic, and the index (into
+    /// `spec.steps`) of the join where their records enter.
+    pub streams: Vec<(String, usize)>,
 }
 
 impl Stage {
-    /// The topics its tasks read (partition = the task's partition).
+    /// The topics its tasks read (partition = the task's partition): its input, then
+    /// the other streams of its joins.
     pub fn input_topics<'a>(&'a self, spec: &'a StreamAppSpec) -> Vec<String> {
-        match &self.input {
+        let mut topics = match &self.input {
             StageInput::Source => spec.source.topics.clone(),
             StageInput::Repartition { topic, .. } => vec![topic.clone()],
-        }
+        };
+        topics.extend(self.streams.iter().map(|(t, _)| t.clone()));
+        topics
     }
 }
 
@@ -108,6 +114,7 @@ impl Topology {
             input: StageInput::Source,
             stores: Vec::new(),
             tables: Vec::new(),
+            streams: Vec::new(),
         }];
         let partitioned_by = spec
             .source
@@ -142,6 +149,7 @@ impl Topology {
                     },
                     stores: Vec::new(),
                     tables: Vec::new(),
+                    streams: Vec::new(),
                 });
                 // The repartition topic is keyed by the step's key, not the record key
                 // (the record's own key travels with it).
@@ -157,6 +165,9 @@ impl Topology {
                 };
                 routes.insert(store.clone(), route);
                 stage.stores.push(store);
+            }
+            if let Some(topic) = joined_stream(step) {
+                stage.streams.push((topic.to_string(), i));
             }
             if let Some(table) = joined_table(spec, step).filter(|t| !t.global) {
                 let store = StoreName(table.name.clone());
@@ -229,25 +240,34 @@ pub fn topic_name(step: &Step) -> String {
     step.name
         .clone()
         .or_else(|| step_store(step).map(|s| s.0))
-        .or_else(|| step.join.as_ref().map(|j| format!("join-{}", j.table)))
+        .or_else(|| {
+            let j = step.join.as_ref()?;
+            j.table.as_ref().map(|t| format!("join-{t}"))
+        })
         .unwrap_or_else(|| "step".into())
 }
 
 /// The table a `join` step reads, if the step is one and the table is declared.
 pub fn joined_table<'a>(spec: &'a StreamAppSpec, step: &Step) -> Option<&'a TableSpec> {
-    let j = step.join.as_ref()?;
-    spec.tables.iter().find(|t| t.name == j.table)
+    let table = step.join.as_ref()?.table.as_ref()?;
+    spec.tables.iter().find(|t| &t.name == table)
+}
+
+/// The other stream's topic of a stream–stream `join` step.
+pub fn joined_stream(step: &Step) -> Option<&str> {
+    Some(step.join.as_ref()?.stream.as_ref()?.topic.as_str())
 }
 
 /// [`step_key`], plus a join of a table that is not global (keyed by its lookup key).
 pub fn keyed_step(spec: &StreamAppSpec, index: usize, step: &Step) -> Option<(String, String)> {
     if let Some(j) = &step.join {
-        return match joined_table(spec, step) {
-            Some(t) if !t.global => Some((
+        let co_partitioned = j.stream.is_some() || joined_table(spec, step).is_some_and(|t| !t.global);
+        return match co_partitioned {
+            true => Some((
                 j.key.trim().to_string(),
                 format!("spec.steps[{index}].join.key"),
             )),
-            _ => None,
+            false => None,
         };
     }
     step_key(index, step)
@@ -276,6 +296,10 @@ pub fn step_key(index: usize, step: &Step) -> Option<(String, String)> {
 fn partitioned_after(step: &Step, by: Vec<String>) -> Vec<String> {
     if step.filter.is_some() || step.to.is_some() {
         return by;
+    }
+    if step.join.as_ref().is_some_and(|j| j.stream.is_some()) {
+        // Results are keyed by the join key, which the records were partitioned by.
+        return vec![KEY.to_string()];
     }
     if step.join.is_some() {
         // The value is new; the key is kept.
@@ -451,9 +475,13 @@ mod tests {
     fn join(table: &str, key: &str) -> Step {
         Step {
             join: Some(crate::streamapp::JoinStep {
-                table: table.into(),
+                table: Some(table.into()),
+                stream: None,
                 key: key.into(),
                 join_type: Default::default(),
+                within: None,
+                grace: None,
+                store: None,
                 value: None,
             }),
             ..Default::default()
@@ -520,6 +548,43 @@ mod tests {
         );
         assert_eq!(t.stage_count(), 2);
         assert_eq!(t.stages[1].tables.len(), 1);
+    }
+
+    fn stream_join(topic: &str, key: &str) -> Step {
+        let mut s = join("unused", key);
+        let j = s.join.as_mut().expect("join");
+        j.table = None;
+        j.stream = Some(crate::streamapp::JoinStream {
+            topic: topic.into(),
+            value_format: RecordFormat::Json,
+            timestamp: None,
+        });
+        j.within = Some("5m".into());
+        s
+    }
+
+    #[test]
+    fn a_stream_join_reads_the_other_stream_in_its_stage_and_buffers_in_its_own_store() {
+        let t = Topology::of("f", &spec(vec![stream_join("clicks", "value.adId")], None));
+        assert_eq!(t.stage_count(), 2, "the main side is repartitioned by adId");
+        assert_eq!(t.repartition_topics()[0].1, "f-join-clicks-repartition");
+        assert_eq!(t.stages[1].streams, vec![("clicks".to_string(), 0)]);
+        assert_eq!(t.stages[1].stores, vec![StoreName("join-clicks".into())]);
+        let s = spec(vec![stream_join("clicks", "value.adId")], None);
+        assert_eq!(
+            t.stages[1].input_topics(&s),
+            vec!["f-join-clicks-repartition".to_string(), "clicks".to_string()]
+        );
+        // Keyed by the join key: no stage 0 repartition; results are keyed by it too.
+        let t = Topology::of(
+            "f",
+            &spec(
+                vec![stream_join("clicks", "key"), agg("per-ad", "key")],
+                None,
+            ),
+        );
+        assert_eq!(t.stage_count(), 1);
+        assert_eq!(t.stages[0].input_topics(&s), vec!["payments", "clicks"]);
     }
 
     #[test]

@@ -113,6 +113,44 @@ pub enum ValidationError {
         topic: String,
     },
     #[error(
+        "{path}: step {step} joins stream {topic:?} without a window: a stream–stream join needs within (how far apart in event time two records may be), such as within: 5m"
+    )]
+    StreamJoinWithoutWindow {
+        path: String,
+        step: String,
+        topic: String,
+    },
+    #[error("{path}: step {step} joins table {table:?}: {what} applies to stream–stream joins only")]
+    NotForTableJoins {
+        path: String,
+        step: String,
+        table: String,
+        what: &'static str,
+    },
+    #[error("{path}: step {step} joins stream {topic:?}, which is {what}: its records would be read twice")]
+    JoinStreamTaken {
+        path: String,
+        step: String,
+        topic: String,
+        what: &'static str,
+    },
+    #[error(
+        "{path}: step {step} joins stream {topic:?} with {actual} partitions, but the stage of the join has {want} tasks (the source topics' partition count): the other stream must be co-partitioned, keyed by the join key; give the topic {want} partitions"
+    )]
+    JoinStreamNotCoPartitioned {
+        path: String,
+        step: String,
+        topic: String,
+        actual: i32,
+        want: i32,
+    },
+    #[error("{path}: step {step} joins stream {topic:?}, which does not exist")]
+    JoinStreamMissing {
+        path: String,
+        step: String,
+        topic: String,
+    },
+    #[error(
         "{path}: the key {key:?} reads as a YAML 1.1 boolean: kubectl parses an unquoted n, y, no, yes, on or off as false or true, so this {what} would be named {key:?}; quote the key in the manifest (for example \"n\": {{count: {{}}}})"
     )]
     YamlBooleanKey {
@@ -141,6 +179,11 @@ impl ValidationError {
             Self::OutputTopicTaken { .. } => "OutputTopicTaken",
             Self::TableNotCoPartitioned { .. } => "TableNotCoPartitioned",
             Self::TableTopicMissing { .. } => "TableTopicMissing",
+            Self::StreamJoinWithoutWindow { .. } => "StreamJoinWithoutWindow",
+            Self::NotForTableJoins { .. } => "NotForTableJoins",
+            Self::JoinStreamTaken { .. } => "JoinStreamTaken",
+            Self::JoinStreamNotCoPartitioned { .. } => "JoinStreamNotCoPartitioned",
+            Self::JoinStreamMissing { .. } => "JoinStreamMissing",
         }
     }
 }
@@ -253,6 +296,17 @@ pub fn step_store(step: &Step) -> Option<StoreName> {
         .or_else(|| step.aggregate.as_ref().map(|a| a.store.clone()))
         .or_else(|| step.batch.as_ref().map(|b| b.store.clone()))
         .map(StoreName)
+        .or_else(|| join_store(step))
+}
+
+/// The store of a stream–stream join: `join.store`, else `join-<topic>` (stable when
+/// steps are inserted elsewhere, as a changelog name must be).
+pub fn join_store(step: &Step) -> Option<StoreName> {
+    let j = step.join.as_ref()?;
+    let s = j.stream.as_ref()?;
+    Some(StoreName(
+        j.store.clone().unwrap_or_else(|| format!("join-{}", s.topic)),
+    ))
 }
 
 /// Every store the steps use, in step order.
@@ -308,6 +362,9 @@ pub fn expressions(spec: &StreamAppSpec) -> Vec<(String, String)> {
         if let Some(j) = &s.join {
             push(format!("{p}.join.key"), &Some(j.key.clone()));
             push(format!("{p}.join.value"), &j.value);
+            if let Some(st) = &j.stream {
+                push(format!("{p}.join.stream.timestamp"), &st.timestamp);
+            }
         }
         if let Some(t) = &s.to {
             push(format!("{p}.to.topicExpr"), &t.topic_expr);
@@ -336,6 +393,13 @@ fn durations(spec: &StreamAppSpec) -> Vec<(String, String)> {
         }
         if let Some(b) = &s.batch {
             out.push((format!("{p}.batch.maxWait"), b.max_wait.clone()));
+        }
+        if let Some(j) = &s.join {
+            for (k, v) in [("within", &j.within), ("grace", &j.grace)] {
+                if let Some(v) = v {
+                    out.push((format!("{p}.join.{k}"), v.clone()));
+                }
+            }
         }
         if let Some(w) = s.aggregate.as_ref().and_then(|a| a.window.as_ref()) {
             let opt = [
@@ -493,12 +557,16 @@ fn tables_and_outputs(
     for (i, s) in spec.steps.iter().enumerate() {
         let path = format!("spec.steps[{i}]");
         let label = step_label(i, s);
-        if let Some(j) = &s.join {
-            match spec.tables.iter().find(|t| t.name == j.table) {
+        if let Some((j, st)) = s.join.as_ref().and_then(|j| Some((j, j.stream.as_ref()?))) {
+            errors.extend(stream_join(spec, &path, &label, j, st));
+        }
+        if let Some((j, table)) = s.join.as_ref().and_then(|j| Some((j, j.table.as_ref()?))) {
+            errors.extend(table_join_options(&path, &label, j, table));
+            match spec.tables.iter().find(|t| &t.name == table) {
                 None => errors.push(ValidationError::UnknownTable {
                     path: format!("{path}.join.table"),
                     step: label.clone(),
-                    table: j.table.clone(),
+                    table: table.clone(),
                     known: match spec.tables.is_empty() {
                         true => "no tables are declared".into(),
                         false => format!(
@@ -557,9 +625,79 @@ fn tables_and_outputs(
     errors
 }
 
-/// Each co-partitioned table's topic exists with the app's task count (`None`: the
-/// topic is missing).
-pub fn table_partitions(
+/// A stream–stream join has a window and reads a topic nothing else reads.
+fn stream_join(
+    spec: &StreamAppSpec,
+    path: &str,
+    label: &str,
+    j: &crate::streamapp::JoinStep,
+    st: &crate::streamapp::JoinStream,
+) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    if j.within.is_none() {
+        errors.push(ValidationError::StreamJoinWithoutWindow {
+            path: format!("{path}.join.within"),
+            step: label.to_string(),
+            topic: st.topic.clone(),
+        });
+    }
+    let other_join = spec.steps.iter().filter(|o| {
+        o.join
+            .as_ref()
+            .and_then(|oj| oj.stream.as_ref())
+            .is_some_and(|os| os.topic == st.topic)
+    });
+    let taken = if spec.source.topics.contains(&st.topic) {
+        Some("a source topic")
+    } else if spec.tables.iter().any(|t| t.topic == st.topic) {
+        Some("a table's topic")
+    } else if other_join.count() > 1 {
+        Some("the stream of another join")
+    } else {
+        None
+    };
+    if let Some(what) = taken {
+        errors.push(ValidationError::JoinStreamTaken {
+            path: format!("{path}.join.stream.topic"),
+            step: label.to_string(),
+            topic: st.topic.clone(),
+            what,
+        });
+    }
+    errors
+}
+
+/// A table join sets none of the stream–stream options.
+fn table_join_options(
+    path: &str,
+    label: &str,
+    j: &crate::streamapp::JoinStep,
+    table: &str,
+) -> Vec<ValidationError> {
+    [
+        (j.within.is_some(), "join.within", "within"),
+        (j.grace.is_some(), "join.grace", "grace"),
+        (j.store.is_some(), "join.store", "store"),
+        (
+            j.join_type == crate::streamapp::JoinType::Outer,
+            "join.type",
+            "type: outer",
+        ),
+    ]
+    .into_iter()
+    .filter(|(set, _, _)| *set)
+    .map(|(_, field, what)| ValidationError::NotForTableJoins {
+        path: format!("{path}.{field}"),
+        step: label.to_string(),
+        table: table.to_string(),
+        what,
+    })
+    .collect()
+}
+
+/// Each co-partitioned table's topic, and each joined stream's, exists with the app's
+/// task count (`None`: the topic is missing).
+pub fn join_partitions(
     spec: &StreamAppSpec,
     task_count: i32,
     partitions: &BTreeMap<String, Option<i32>>,
@@ -585,7 +723,39 @@ pub fn table_partitions(
             Some(_) => {}
         }
     }
+    for (i, step) in spec.steps.iter().enumerate() {
+        let Some(st) = step.join.as_ref().and_then(|j| j.stream.as_ref()) else {
+            continue;
+        };
+        let path = format!("spec.steps[{i}].join.stream.topic");
+        let label = step_label(i, step);
+        match partitions.get(&st.topic).copied().flatten() {
+            None => errors.push(ValidationError::JoinStreamMissing {
+                path,
+                step: label,
+                topic: st.topic.clone(),
+            }),
+            Some(n) if n != task_count => errors.push(ValidationError::JoinStreamNotCoPartitioned {
+                path,
+                step: label,
+                topic: st.topic.clone(),
+                actual: n,
+                want: task_count,
+            }),
+            Some(_) => {}
+        }
+    }
     errors
+}
+
+/// The topics [`join_partitions`] needs the partition counts of.
+pub fn join_topics(spec: &StreamAppSpec) -> Vec<String> {
+    let tables = spec.tables.iter().map(|t| t.topic.clone());
+    let streams = spec
+        .steps
+        .iter()
+        .filter_map(|s| s.join.as_ref()?.stream.as_ref().map(|st| st.topic.clone()));
+    tables.chain(streams).collect()
 }
 
 /// What YAML 1.1 makes of an unquoted `y`, `n`, `yes`, `no`, `on`, `off`, `true` or
@@ -969,7 +1139,7 @@ spec:
             ("users".to_string(), Some(3)),
             ("countries".to_string(), Some(1)),
         ]);
-        let errors = table_partitions(&a.spec, 4, &counts);
+        let errors = join_partitions(&a.spec, 4, &counts);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].reason(), "TableNotCoPartitioned");
         assert!(
@@ -977,9 +1147,48 @@ spec:
                 .to_string()
                 .contains("with 3 partitions, but the app's tasks need 4")
         );
-        let missing = table_partitions(&a.spec, 3, &BTreeMap::new());
+        let missing = join_partitions(&a.spec, 3, &BTreeMap::new());
         assert_eq!(missing.len(), 2);
         assert!(missing.iter().all(|e| e.reason() == "TableTopicMissing"));
+    }
+
+    #[test]
+    fn stream_joins_need_a_window_their_own_topic_and_table_joins_no_window() {
+        let a = app_with(
+            r#"
+  tables:
+  - {name: users, topic: users}
+  steps:
+  - name: clicks
+    join: {stream: {topic: clicks}, key: value.adId}
+  - join: {stream: {topic: in}, key: key, within: 5s}
+  - join: {table: users, key: value.userId, type: outer, within: 1m}
+"#,
+        );
+        let errors = validate_spec(&a.spec);
+        let reasons: Vec<&str> = errors.iter().map(ValidationError::reason).collect();
+        assert_eq!(
+            reasons,
+            vec!["StreamJoinWithoutWindow", "JoinStreamTaken", "NotForTableJoins", "NotForTableJoins"],
+            "{errors:?}"
+        );
+        let text = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains("spec.steps[0].join.within: step clicks joins stream \"clicks\" without a window"),
+            "{text}"
+        );
+        assert!(text.contains("step join-1 joins stream \"in\", which is a source topic"), "{text}");
+        assert!(text.contains("spec.steps[2].join.type: step join-2 joins table \"users\": type: outer applies to stream–stream joins only"), "{text}");
+        // The stream's topic must exist with the task count.
+        let counts = BTreeMap::from([("clicks".to_string(), Some(3)), ("users".to_string(), Some(4))]);
+        let errors = join_partitions(&a.spec, 4, &counts);
+        let reasons: Vec<&str> = errors.iter().map(ValidationError::reason).collect();
+        assert_eq!(reasons, vec!["JoinStreamNotCoPartitioned", "JoinStreamMissing"], "{errors:?}");
+        assert_eq!(join_topics(&a.spec), vec!["users", "clicks", "in"]);
     }
 
     #[test]

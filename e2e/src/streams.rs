@@ -31,6 +31,9 @@ pub struct CountingApp {
     pub standbys: i32,
     pub guarantee: &'static str,
     pub commit_interval: &'static str,
+    /// A co-partitioned table `rows` on this topic, joined after the count (the output
+    /// stays the count's): its store lives in the stage-0 tasks and their standbys.
+    pub table: Option<String>,
 }
 
 impl CountingApp {
@@ -42,7 +45,12 @@ impl CountingApp {
             standbys: 1,
             guarantee: "exactly_once",
             commit_interval: "200ms",
+            table: None,
         }
+    }
+    pub fn with_table(mut self, topic: &str) -> Self {
+        self.table = Some(topic.to_string());
+        self
     }
     pub fn replicas(mut self, n: i32) -> Self {
         self.replicas = n;
@@ -76,7 +84,7 @@ spec:
       store: totals
       groupBy: key
       fields: {{count: {{count: {{}}}}, sum: {{sum: value.amount}}}}
-  sink: {{topic: {name}-out}}
+{table}  sink: {{topic: {name}-out}}
   storage: {{size: 1Gi}}
   deletionPolicy: {{topics: Delete, volumes: Delete, consumerGroup: Delete}}
 "#,
@@ -87,6 +95,12 @@ spec:
             interval = self.commit_interval,
             bootstrap = kafka_bootstrap_in_cluster(),
             source = self.source,
+            table = match &self.table {
+                Some(t) => format!(
+                    "  - join: {{table: rows, key: key, type: left, value: 'value'}}\n  tables:\n  - {{name: rows, topic: {t}}}\n"
+                ),
+                None => String::new(),
+            },
         )
     }
 }

@@ -2,7 +2,8 @@
 //! tasks one active and one standby on different pods, every pod reports its own status
 //! entry acknowledging that generation, `kubectl wait --for=condition=Ready` returns, the
 //! output is exact, and every key is answered correctly from every pod (forwarded to its
-//! owner), and from a standby with `allowStale`.
+//! owner), and from a standby with `allowStale`: the count's store, and the store of a
+//! co-partitioned table, which a standby follows from the table's own topic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -10,14 +11,16 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_e2e::harness::{kubectl, wait_for};
+use oxbow_e2e::harness::{kafka, kubectl, unique, wait_for};
 use oxbow_e2e::streams::{
     RunningApp, exact_running_counts, http_get, keys, produce, read_committed,
 };
 
 #[tokio::test]
 async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_key() {
-    let run = RunningApp::start("place", |a| a).await;
+    let rows = unique("rows");
+    kafka::create_topic(&rows, 12).await;
+    let run = RunningApp::start("place", |a| a.with_table(&rows)).await;
     let (client, n, name, app) = (
         run.client.clone(),
         run.ns.name.as_str(),
@@ -25,6 +28,7 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
         &run.app,
     );
     let keys = keys(60);
+    produce(&rows, &keys, 1, 7);
     produce(&app.source, &keys, 50, 3);
 
     // The output is exact: per key the running counts 1..=50, once each.
@@ -179,6 +183,27 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
                 && v["servedBy"] == standby.as_str()
                 && v["stale"] == true
                 && v["value"]["count"] == 50
+            {
+                Ok(())
+            } else {
+                Err(format!("{code} {body}"))
+            }
+        },
+    )
+    .await;
+
+    // The table's store on the same standby: followed from the table's topic.
+    wait_for(
+        "the standby to answer the table row, caught up",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) =
+                http_get(addr, &format!("/v1/stores/rows/keys/{key}?allowStale=true")).await?;
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            if code == 200
+                && v["servedBy"] == standby.as_str()
+                && v["stale"] == true
+                && v["value"]["amount"] == 7
             {
                 Ok(())
             } else {

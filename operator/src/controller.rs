@@ -21,7 +21,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use oxbow_crds::assignment::Params;
-use oxbow_crds::validate::{table_partitions, task_count, validate_app};
+use oxbow_crds::validate::{join_partitions, task_count, validate_app};
 use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -517,9 +517,9 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             None
         }
     };
-    // The sources and the tables: a table that is not global is co-partitioned.
+    // The sources, the tables and joined streams: all but global tables are co-partitioned.
     let mut read_topics = app.spec.source.topics.clone();
-    read_topics.extend(app.spec.tables.iter().map(|t| t.topic.clone()));
+    read_topics.extend(oxbow_crds::validate::join_topics(&app.spec));
     let source_counts = match &admin {
         Some(a) => a.partition_counts(&read_topics).await,
         None => Ok(BTreeMap::new()),
@@ -550,7 +550,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let tasks = match source_counts {
         Ok(_) if source_problem.is_some() => None,
         Ok(counts) => match task_count(&source_only(&counts, &app.spec.source.topics)) {
-            Ok(n) => match table_partitions(&app.spec, n, &counts).first() {
+            Ok(n) => match join_partitions(&app.spec, n, &counts).first() {
                 Some(e) => {
                     source_problem = Some(Verdict::stalled(reason::of(e), e.to_string()));
                     None

@@ -63,6 +63,9 @@ pub mod reason {
         TABLE_IN_TWO_STAGES = "TableInTwoStages" on [super::READY, super::STALLED];
         TABLE_NAME_TAKEN = "TableNameTaken" on [super::READY, super::STALLED];
         OUTPUT_TOPIC_TAKEN = "OutputTopicTaken" on [super::READY, super::STALLED];
+        STREAM_JOIN_WITHOUT_WINDOW = "StreamJoinWithoutWindow" on [super::READY, super::STALLED];
+        NOT_FOR_TABLE_JOINS = "NotForTableJoins" on [super::READY, super::STALLED];
+        JOIN_STREAM_TAKEN = "JoinStreamTaken" on [super::READY, super::STALLED];
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
@@ -73,6 +76,8 @@ pub mod reason {
         SOURCE_TOPICS_NOT_CO_PARTITIONED = "SourceTopicsNotCoPartitioned" on [super::TOPICS_READY];
         TABLE_NOT_CO_PARTITIONED = "TableNotCoPartitioned" on [super::TOPICS_READY];
         TABLE_TOPIC_MISSING = "TableTopicMissing" on [super::TOPICS_READY];
+        JOIN_STREAM_NOT_CO_PARTITIONED = "JoinStreamNotCoPartitioned" on [super::TOPICS_READY];
+        JOIN_STREAM_MISSING = "JoinStreamMissing" on [super::TOPICS_READY];
         KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
         INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
         KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
@@ -113,6 +118,11 @@ pub mod reason {
             ValidationError::OutputTopicTaken { .. } => OUTPUT_TOPIC_TAKEN,
             ValidationError::TableNotCoPartitioned { .. } => TABLE_NOT_CO_PARTITIONED,
             ValidationError::TableTopicMissing { .. } => TABLE_TOPIC_MISSING,
+            ValidationError::StreamJoinWithoutWindow { .. } => STREAM_JOIN_WITHOUT_WINDOW,
+            ValidationError::NotForTableJoins { .. } => NOT_FOR_TABLE_JOINS,
+            ValidationError::JoinStreamTaken { .. } => JOIN_STREAM_TAKEN,
+            ValidationError::JoinStreamNotCoPartitioned { .. } => JOIN_STREAM_NOT_CO_PARTITIONED,
+            ValidationError::JoinStreamMissing { .. } => JOIN_STREAM_MISSING,
         }
     }
 }

@@ -57,6 +57,19 @@ pub struct App {
     stage_inputs: Vec<Vec<String>>,
     /// librdkafka properties from the spec and the secret directory.
     pub kafka: BTreeMap<String, String>,
+    /// The other streams of stream–stream joins, by topic.
+    pub join_streams: BTreeMap<String, JoinInput>,
+}
+
+/// How a task reads a record of a stream–stream join's other stream.
+pub struct JoinInput {
+    /// The stage whose tasks read it.
+    pub stage: u32,
+    /// The join's index among the stage's processors: where its records enter.
+    pub step: usize,
+    pub value_format: oxbow_crds::RecordFormat,
+    /// `join.stream.timestamp`; `None`: the Kafka timestamp.
+    pub timestamp: Option<Expr>,
 }
 
 impl std::fmt::Debug for App {
@@ -152,6 +165,7 @@ impl App {
             .iter()
             .map(|s| s.input_topics(spec))
             .collect();
+        let join_streams = join_inputs(spec, &topology)?;
         Ok(Self {
             topology,
             partitioned_by,
@@ -166,8 +180,42 @@ impl App {
             sink_value,
             kafka,
             manifest,
+            join_streams,
         })
     }
+}
+
+/// Where each joined stream's records enter, and how they are read.
+fn join_inputs(
+    spec: &oxbow_crds::StreamAppSpec,
+    topology: &oxbow_crds::topology::Topology,
+) -> Result<BTreeMap<String, JoinInput>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for stage in &topology.stages {
+        for (topic, index) in &stage.streams {
+            let stream = spec.steps[*index]
+                .join
+                .as_ref()
+                .and_then(|j| j.stream.as_ref())
+                .expect("the topology lists stream joins only");
+            let timestamp = stream
+                .timestamp
+                .as_deref()
+                .map(|e| Expr::compile(format!("spec.steps[{index}].join.stream.timestamp"), e))
+                .transpose()
+                .map_err(crate::steps::CompileError::from)?;
+            out.insert(
+                topic.clone(),
+                JoinInput {
+                    stage: stage.index,
+                    step: index - stage.steps.start,
+                    value_format: stream.value_format,
+                    timestamp,
+                },
+            );
+        }
+    }
+    Ok(out)
 }
 
 impl App {

@@ -157,6 +157,8 @@ pub struct Shared {
     /// Entries appear once a task's store is open and go before it is closed.
     pub dbs: RwLock<BTreeMap<TaskId, Arc<TaskDb>>>,
     pub routing: RwLock<Routing>,
+    /// The global tables, once loaded, for queries: every worker holds them whole.
+    pub globals: RwLock<Option<Arc<dyn crate::processor::Lookups>>>,
 }
 
 impl Shared {

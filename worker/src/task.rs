@@ -250,9 +250,11 @@ impl Task {
             }
             return Ok(());
         }
-        let (key, value, timestamp) = match self.id.stage {
-            0 => self.decode_source(app, env, msg, now)?,
-            _ => decode_repartitioned(msg, now)?,
+        // A joined stream's records enter the steps at their join.
+        let (from, (key, value, timestamp)) = match app.join_streams.get(msg.topic) {
+            Some(j) => (j.step, decode_join_stream(j, env, msg, now)?),
+            None if self.id.stage == 0 => (0, self.decode_source(app, env, msg, now)?),
+            None => (0, decode_repartitioned(msg, now)?),
         };
         let records = vec![(
             Record {
@@ -277,7 +279,7 @@ impl Task {
         let mut dead = Vec::new();
         let records = run_steps(
             &mut self.processors,
-            0,
+            from,
             &mut ctx,
             records,
             isolate,
@@ -431,21 +433,7 @@ impl Task {
                 ));
             }
         }
-        let timestamp = match &app.timestamp {
-            Some(e) => e
-                .timestamp(env, &input)
-                .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
-            None => kafka_ts,
-        };
-        // Window arithmetic needs sane times: 1970 to 9999.
-        if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
-            return Err((
-                "timestamp".to_string(),
-                StepError::Record(format!(
-                    "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
-                )),
-            ));
-        }
+        let timestamp = event_time(app.timestamp.as_ref(), env, &input)?;
         Ok((key, value, timestamp))
     }
 
@@ -669,6 +657,60 @@ fn input_of(r: &Record) -> Input<'_> {
         value: &r.value,
         timestamp: r.timestamp,
     }
+}
+
+/// A record's event time: `expr` over it, else its Kafka timestamp; within 1970..9999,
+/// as window arithmetic needs.
+fn event_time(
+    expr: Option<&crate::expr::Expr>,
+    env: &Env,
+    input: &Input<'_>,
+) -> Result<i64, (String, StepError)> {
+    let timestamp = match expr {
+        Some(e) => e
+            .timestamp(env, input)
+            .map_err(|e| ("timestamp".to_string(), StepError::from(e)))?,
+        None => input.timestamp,
+    };
+    if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
+        return Err((
+            "timestamp".to_string(),
+            StepError::Record(format!(
+                "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
+            )),
+        ));
+    }
+    Ok(timestamp)
+}
+
+/// A record of a joined stream: a string key (the join key), the stream's value format,
+/// its event time.
+fn decode_join_stream(
+    j: &crate::config::JoinInput,
+    env: &Env,
+    msg: &SourceMessage<'_>,
+    now: i64,
+) -> Result<(Json, Json, i64), (String, StepError)> {
+    let bad = |e: String| ("deserialize".to_string(), StepError::Record(e));
+    let key = match msg.key.map(std::str::from_utf8) {
+        Some(Ok(k)) => Json::String(k.to_string()),
+        Some(Err(e)) => return Err(bad(format!("failed to decode key as UTF-8: {e}"))),
+        None => {
+            return Err(bad(format!(
+                "a record of joined stream {:?} without a key: it must be keyed by the join key",
+                msg.topic
+            )));
+        }
+    };
+    let value =
+        decode(msg.value, j.value_format).map_err(|e| bad(format!("failed to decode value: {e}")))?;
+    let input = Input {
+        key: &key,
+        value: &value,
+        timestamp: msg.timestamp.unwrap_or(now),
+    };
+    let timestamp = event_time(j.timestamp.as_ref(), env, &input)?;
+    Ok((key, value, timestamp))
 }
 
 /// A record of stage > 0, as the stage before wrote it: the value and [`KEY_HEADER`] as

@@ -445,6 +445,9 @@ impl Engine {
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
         // failed here before, moved away and came back must not stay paused.
         let _ = self.consumer.resume(&self.source_tpl(id));
+        if app.topology.stage(id.stage).is_some_and(|s| !s.streams.is_empty()) {
+            self.merges.insert(id, super::merge::Merge::new(app.inputs(id.stage)));
+        }
         self.tasks.insert(id, task);
         Ok(())
     }
@@ -459,6 +462,8 @@ impl Engine {
             m.remove(&id);
         }
         self.committed.remove(&id);
+        // Buffered records were not processed: the next owner reads them again.
+        self.merges.remove(&id);
         if let Ok(mut dbs) = self.shared.dbs.write() {
             dbs.remove(&id);
         }

@@ -29,6 +29,7 @@ mod assign;
 mod commit;
 mod kafka;
 pub mod lookups;
+pub mod merge;
 pub mod replay;
 pub mod restore;
 mod run;
@@ -162,6 +163,8 @@ pub struct Engine {
     tracker: Arc<Tracker>,
     /// Active tasks: they process source records and own their output.
     tasks: BTreeMap<TaskId, Task>,
+    /// The input queues of active tasks whose stage joins a second stream.
+    merges: BTreeMap<TaskId, merge::Merge>,
     /// Standby tasks: they apply the changelog to a local copy of the state.
     standbys: BTreeMap<TaskId, Standby>,
     sink_topic: Option<String>,
@@ -281,6 +284,9 @@ impl Engine {
             &opts.state_dir,
             &memory,
         )?);
+        if let Ok(mut g) = shared.globals.write() {
+            *g = Some(lookups.clone());
+        }
         let follow = lookups.follow_from()?;
         if follow.count() > 0 {
             consumer
@@ -297,6 +303,7 @@ impl Engine {
             producers,
             tracker,
             tasks: BTreeMap::new(),
+            merges: BTreeMap::new(),
             standbys: BTreeMap::new(),
             committed: BTreeMap::new(),
             side: restore_consumer,
@@ -358,22 +365,23 @@ fn all_stores(app: &App, task_count: i32) -> Vec<StoreName> {
         .collect()
 }
 
-/// Each co-partitioned table's topic has the app's task count; a global one exists.
+/// Each co-partitioned table's topic and each joined stream has the app's task count; a global
+/// table's topic exists.
 fn check_tables(app: &App, consumer: &BaseConsumer, task_count: i32) -> Result<(), EngineError> {
     let mut counts = BTreeMap::new();
-    for t in &app.manifest.spec.tables {
+    for topic in oxbow_crds::validate::join_topics(&app.manifest.spec) {
         let md = consumer
-            .fetch_metadata(Some(&t.topic), KAFKA_TIMEOUT)
+            .fetch_metadata(Some(&topic), KAFKA_TIMEOUT)
             .map_err(EngineError::Metadata)?;
         let n = md
             .topics()
             .iter()
-            .find(|m| m.name() == t.topic && m.error().is_none())
+            .find(|m| m.name() == topic && m.error().is_none())
             .map(|m| m.partitions().len() as i32)
             .filter(|n| *n > 0);
-        counts.insert(t.topic.clone(), n);
+        counts.insert(topic, n);
     }
-    let errors = oxbow_crds::validate::table_partitions(&app.manifest.spec, task_count, &counts);
+    let errors = oxbow_crds::validate::join_partitions(&app.manifest.spec, task_count, &counts);
     match errors.first() {
         Some(e) => Err(EngineError::Invalid(e.to_string())),
         None => Ok(()),

@@ -13,6 +13,7 @@ use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::Producer;
 
 use super::kafka::{KProducer, Producers, header, send};
+use super::merge::Buffered;
 use super::replay::{Admission, ORIGIN_HEADER, Origin};
 use super::standby::{STANDBY_BATCH, apply_standby_record};
 use super::{Engine, EngineError};
@@ -130,22 +131,24 @@ impl Engine {
                         timestamp: m.timestamp().to_millis(),
                         record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
                     };
-                    if let Some(o) = &origin
-                        && task.marks.admit(o) == Admission::Replayed
+                    if let Some(merge) = self.merges.get_mut(&id)
+                        && merge.reads(msg.topic)
                     {
-                        task.skip_replayed(&msg);
-                        METRICS.replays_dropped.get_or_create(&task_label(id)).inc();
-                        self.shared.task(id, |t| t.replays_dropped += 1);
+                        // Its turn comes in timestamp order with the task's other inputs.
+                        merge.push(buffered(&msg, origin));
+                        drop(m);
+                        self.drain_merged(id, &mut out)?;
                         break 'msg;
                     }
                     out.clear();
-                    let outcome = task.process(&self.app, &self.env, &msg, now_ms(), &mut out)?;
-                    let topic = m.topic().to_string();
-                    let from = alos.then(|| (m.partition(), m.offset()));
+                    let Some(outcome) =
+                        process_input(task, &self.app, &self.env, &self.shared, &msg, origin, &mut out)?
+                    else {
+                        break 'msg;
+                    };
+                    let (topic, partition, offset) = (m.topic().to_string(), m.partition(), m.offset());
                     drop(m);
-                    self.record_outcome(id, &topic, &outcome)?;
-                    let from = from.map(|(p, o)| (topic.as_str(), p, o));
-                    self.send_outputs(id, &out, from)?;
+                    self.finish_input(id, (&topic, partition, offset), &outcome, &out)?;
                 }
                 Some(Err(e)) => {
                     // Broker restarts and the like: librdkafka reconnects by itself.
@@ -172,6 +175,16 @@ impl Engine {
     /// The work the loop does on timers rather than per record: punctuation, commits,
     /// purges, standby checkpoints and reports.
     fn periodic(&mut self, timers: &mut Timers, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        // A merged task waiting on a quiet input goes on once it has waited long enough.
+        let waiting: Vec<TaskId> = self
+            .merges
+            .iter()
+            .filter(|(_, m)| !m.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            self.drain_merged(id, out)?;
+        }
         if timers.punctuate.elapsed() >= Duration::from_millis(100) {
             timers.punctuate = Instant::now();
             let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
@@ -220,6 +233,46 @@ impl Engine {
             self.report();
         }
         Ok(())
+    }
+
+    /// Processes the buffered records of a merged task whose turn has come.
+    fn drain_merged(&mut self, id: TaskId, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        loop {
+            let Some(b) = self.merges.get_mut(&id).and_then(|m| m.next(Instant::now())) else {
+                return Ok(());
+            };
+            let Some(task) = self.tasks.get_mut(&id).filter(|t| t.failed.is_none()) else {
+                return Ok(());
+            };
+            out.clear();
+            let msg = b.message();
+            let Some(outcome) = process_input(
+                task,
+                &self.app,
+                &self.env,
+                &self.shared,
+                &msg,
+                b.origin.clone(),
+                out,
+            )?
+            else {
+                continue;
+            };
+            self.finish_input(id, (&b.topic, b.partition, b.offset), &outcome, out)?;
+        }
+    }
+
+    /// After a record was processed: its outcome counted, its outputs sent.
+    fn finish_input(
+        &mut self,
+        id: TaskId,
+        (topic, partition, offset): (&str, i32, i64),
+        outcome: &Outcome,
+        out: &[Output],
+    ) -> Result<(), EngineError> {
+        self.record_outcome(id, topic, outcome)?;
+        let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+        self.send_outputs(id, out, alos.then_some((topic, partition, offset)))
     }
 
     pub(super) fn record_outcome(
@@ -418,4 +471,41 @@ impl Engine {
             self.shared.task(*id, |t| t.state_lag = Some(lag));
         }
     }
+}
+
+/// A record as the merge keeps it until its turn.
+fn buffered(msg: &SourceMessage<'_>, origin: Option<Origin>) -> Buffered {
+    Buffered {
+        topic: msg.topic.to_string(),
+        partition: msg.partition,
+        offset: msg.offset,
+        key: msg.key.map(<[u8]>::to_vec),
+        value: msg.value.map(<[u8]>::to_vec),
+        timestamp: msg.timestamp,
+        record_key: msg.record_key.map(<[u8]>::to_vec),
+        origin,
+    }
+}
+
+/// Runs one input record through its task, unless it is a replay the task has already
+/// processed (then `None`).
+fn process_input(
+    task: &mut crate::task::Task,
+    app: &crate::config::App,
+    env: &crate::expr::Env,
+    shared: &crate::status::Shared,
+    msg: &SourceMessage<'_>,
+    origin: Option<Origin>,
+    out: &mut Vec<Output>,
+) -> Result<Option<Outcome>, EngineError> {
+    let id = task.id;
+    if let Some(o) = &origin
+        && task.marks.admit(o) == Admission::Replayed
+    {
+        task.skip_replayed(msg);
+        METRICS.replays_dropped.get_or_create(&task_label(id)).inc();
+        shared.task(id, |t| t.replays_dropped += 1);
+        return Ok(None);
+    }
+    Ok(Some(task.process(app, env, msg, now_ms(), out)?))
 }

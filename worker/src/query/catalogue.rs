@@ -34,6 +34,9 @@ pub enum Layout {
     Batch,
     /// A co-partitioned table: the topic's key → its value, as the topic has them.
     Table { value_format: RecordFormat },
+    /// A global table: every worker holds it whole (read through the engine's lookups,
+    /// not a task's store).
+    GlobalTable { value_format: RecordFormat },
     /// A custom processor's store: raw bytes.
     Custom,
 }
@@ -44,7 +47,7 @@ impl Layout {
         match self {
             Layout::Aggregate { .. } | Layout::Dedupe { .. } => keys::KEY_PREFIX,
             Layout::Batch => keys::HEADER_PREFIX,
-            Layout::Table { .. } | Layout::Custom => b"",
+            Layout::Table { .. } | Layout::GlobalTable { .. } | Layout::Custom => b"",
         }
     }
     pub(crate) fn windowed(&self) -> bool {
@@ -57,6 +60,7 @@ impl Layout {
             Layout::Dedupe { .. } => "dedupe",
             Layout::Batch => "batch",
             Layout::Table { .. } => "table",
+            Layout::GlobalTable { .. } => "global table",
             Layout::Custom => "custom",
         }
     }
@@ -152,10 +156,29 @@ impl Catalog {
                 );
             }
         }
+        // Global tables: every worker holds them whole and answers for any key itself.
+        for t in spec.tables.iter().filter(|t| t.global) {
+            stores.insert(
+                t.name.clone(),
+                StoreInfo {
+                    layout: Layout::GlobalTable {
+                        value_format: t.value_format,
+                    },
+                    stage: 0,
+                    route: KeyRoute::EveryTask,
+                },
+            );
+        }
         // Stores of processors compiled into a custom worker: their keys are unknown.
+        // (A stream–stream join's buffers are the spec's, and not queryable.)
+        let builtin = oxbow_crds::validate::stores(spec);
         let last = topology.stage_count() - 1;
         for f in app.stage_steps(last) {
-            for s in f(TaskId::new(last, 0)).stores() {
+            for s in f(TaskId::new(last, 0))
+                .stores()
+                .into_iter()
+                .filter(|s| !builtin.contains(s))
+            {
                 stores.entry(s.0).or_insert(StoreInfo {
                     layout: Layout::Custom,
                     stage: last,
@@ -256,7 +279,7 @@ pub fn decode_entry(
             Ok(h) => json!({ "batches": [h] }),
             Err(e) => raw(value, format!("failed to decode the open batch: {e}")),
         },
-        Layout::Table { value_format } => match crate::task::decode(Some(value), *value_format) {
+        Layout::Table { value_format } | Layout::GlobalTable { value_format } => match crate::task::decode(Some(value), *value_format) {
             Ok(v) => json!({ "value": v }),
             Err(e) => raw(value, format!("failed to decode the table row: {e}")),
         },

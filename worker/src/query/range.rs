@@ -102,6 +102,11 @@ impl Queries {
         let store = decode_segment(store).map_err(Answer::bad)?;
         let params = Params::parse(query, false).map_err(Answer::bad)?;
         let info = self.store_info(&store)?;
+        if let super::catalogue::Layout::GlobalTable { .. } = info.layout {
+            return Err(Answer::bad(BadRequest(format!(
+                "store {store:?} is a global table: it answers point lookups (/v1/stores/{store}/keys/{{key}}), not ranges"
+            ))));
+        }
         if let (Some(f), Some(t)) = (&params.from, &params.to)
             && f.as_bytes() > t.as_bytes()
         {

@@ -134,6 +134,9 @@ impl Queries {
             Ok(l) => l,
             Err(a) => return a,
         };
+        if let super::catalogue::Layout::GlobalTable { .. } = lookup.info.layout {
+            return self.global_row(&lookup).await;
+        }
         let n = self.shared.routing().task_count;
         match self.partition_of(&lookup, n) {
             Ok(Some(t)) => {
@@ -316,6 +319,48 @@ impl Queries {
             last = Some(s);
         }
         last
+    }
+
+    /// A global table's row: this worker holds the whole table, so it answers itself.
+    async fn global_row(&self, lookup: &Lookup) -> Answer {
+        let status = self.shared.snapshot();
+        let me = Self::me(&self.shared.routing(), status.as_ref());
+        let mut body = json!({ "store": lookup.store, "key": lookup.key, "servedBy": me });
+        let Some(globals) = self.shared.globals.read().ok().and_then(|g| g.clone()) else {
+            return Answer::error(
+                503,
+                format!("the global tables are still loading on {me}; retry"),
+                body,
+            );
+        };
+        let (table, key, layout) = (
+            lookup.store.clone(),
+            lookup.key.clone(),
+            lookup.info.layout.clone(),
+        );
+        let read = tokio::task::spawn_blocking(move || {
+            globals
+                .global_row(&table, key.as_bytes())
+                .map(|v| v.map(|v| super::catalogue::decode_entry(&layout, &v, None, Default::default())))
+        })
+        .await;
+        match read {
+            Ok(Ok(found)) => {
+                if let Some(o) = body.as_object_mut() {
+                    o.insert("found".into(), json!(found.is_some()));
+                    if let Some(Json::Object(fields)) = &found {
+                        o.extend(fields.clone());
+                    }
+                }
+                Answer {
+                    status: if found.is_some() { 200 } else { 404 },
+                    body,
+                    retry_after: None,
+                }
+            }
+            Ok(Err(e)) => Answer::error(500, e.to_string(), body),
+            Err(e) => Answer::error(500, QueryError::from(e).to_string(), body),
+        }
     }
 
     /// Reads the key from the local copy of `task` on the blocking pool.

@@ -84,7 +84,7 @@ impl Processor for Join {
         let key = self.key.key(ctx.env(), &input(&r))?;
         let other = match (self.row(ctx, &key)?, self.join_type) {
             (Some(row), _) => row,
-            (None, JoinType::Left) => Json::Null,
+            (None, JoinType::Left | JoinType::Outer) => Json::Null,
             (None, JoinType::Inner) => return Ok(()),
         };
         let value = match &self.value {

@@ -7,6 +7,8 @@
 //! - aggregate: `k<group key>` → JSON [`AggState`].
 //! - dedupe and aggregate: `m:stream-time` → the step's stream time (8 bytes,
 //!   big-endian). It does not start with `k`, so no scan of the `k` keys meets it.
+//! - stream–stream join: `bl<join key>` / `br<join key>` → the JSON list of that side's
+//!   buffered records of the key; `m:stream-time` as above.
 //! - batch: `h<group>` → JSON [`OpenBatch`]; `r<group>\0<seq:be32>` → a buffered record.
 //!   With several source topics `<group>` is `<user's group>\x1f<topic>`, one open batch
 //!   per topic.
@@ -97,6 +99,50 @@ pub fn split_topic_group(group: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Prefix of a stream–stream join's buffers.
+pub const JOIN_BUFFER_PREFIX: &[u8] = b"b";
+
+/// The side of a stream–stream join a record is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum JoinSide {
+    /// The records that flow through the steps to the join.
+    Left,
+    /// The other stream's records.
+    Right,
+}
+
+impl JoinSide {
+    pub fn other(self) -> Self {
+        match self {
+            Self::Left => Self::Right,
+            Self::Right => Self::Left,
+        }
+    }
+    fn byte(self) -> u8 {
+        match self {
+            Self::Left => b'l',
+            Self::Right => b'r',
+        }
+    }
+}
+
+/// A join buffer's key: `b<l|r><join key>`.
+pub fn join_buffer_key(side: JoinSide, key: &str) -> Vec<u8> {
+    [JOIN_BUFFER_PREFIX, &[side.byte()], key.as_bytes()].concat()
+}
+
+/// The side and join key of a [`join_buffer_key`]; `None` for any other key.
+pub fn parse_join_buffer_key(k: &[u8]) -> Option<(JoinSide, String)> {
+    let rest = k.strip_prefix(JOIN_BUFFER_PREFIX)?;
+    let (side, key) = rest.split_first()?;
+    let side = match side {
+        b'l' => JoinSide::Left,
+        b'r' => JoinSide::Right,
+        _ => return None,
+    };
+    Some((side, String::from_utf8_lossy(key).into_owned()))
+}
+
 /// The first key past every key that starts with `prefix` (`k` → `l`): the open end of a
 /// scan of the whole prefix. `None` for the empty prefix (scan to the end).
 pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -148,5 +194,11 @@ mod tests {
             header_key(&topic_group("g", "t")).as_slice()
         ));
         assert!(!is_header_of(&h, &header_key("gg")));
+        assert_eq!(join_buffer_key(JoinSide::Right, "u1"), b"bru1");
+        assert_eq!(
+            parse_join_buffer_key(&join_buffer_key(JoinSide::Left, "u1")),
+            Some((JoinSide::Left, "u1".to_string()))
+        );
+        assert_eq!(parse_join_buffer_key(STREAM_TIME), None);
     }
 }

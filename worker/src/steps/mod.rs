@@ -20,6 +20,7 @@ mod filter;
 mod join;
 pub mod keys;
 mod map;
+mod stream_join;
 mod to;
 pub mod window;
 
@@ -38,6 +39,7 @@ use dedupe::Dedupe;
 use filter::Filter;
 use join::Join;
 use map::{FlatMap, Map};
+use stream_join::StreamJoin;
 use to::To;
 
 pub use to::OUTPUT_TOPIC_MISSING;
@@ -114,11 +116,17 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
         } else if let Some(b) = &step.batch {
             let per_topic = spec.source.topics.len() > 1;
             out.push(factory(Batch::compile(&p, name, b, per_topic)?));
+        } else if let Some((j, stream)) = step.join.as_ref().and_then(|j| Some((j, j.stream.as_ref()?))) {
+            let store = oxbow_crds::validate::join_store(step).expect("a stream join has a store");
+            out.push(factory(StreamJoin::compile(&p, name, store, j, stream)?));
         } else if let Some(j) = &step.join {
             let table = oxbow_crds::topology::joined_table(spec, step).ok_or_else(|| {
                 CompileError::Invalid {
                     path: format!("{p}.join.table"),
-                    message: format!("table {:?} is not declared in spec.tables", j.table),
+                    message: format!(
+                        "table {:?} is not declared in spec.tables",
+                        j.table.as_deref().unwrap_or_default()
+                    ),
                 }
             })?;
             out.push(factory(Join::compile(&p, name, j, table)?));
