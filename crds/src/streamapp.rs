@@ -328,6 +328,7 @@ pub struct JoinStep {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinStream {
+    /// The other stream's topic. Oxbow never creates, alters or deletes it.
     #[schemars(length(max = 249))]
     #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 249").message("stream topics may use letters, digits, '.', '_' and '-' (at most 249)"))]
     pub topic: String,

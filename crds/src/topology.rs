@@ -261,7 +261,8 @@ pub fn joined_stream(step: &Step) -> Option<&str> {
 /// [`step_key`], plus a join of a table that is not global (keyed by its lookup key).
 pub fn keyed_step(spec: &StreamAppSpec, index: usize, step: &Step) -> Option<(String, String)> {
     if let Some(j) = &step.join {
-        let co_partitioned = j.stream.is_some() || joined_table(spec, step).is_some_and(|t| !t.global);
+        let co_partitioned =
+            j.stream.is_some() || joined_table(spec, step).is_some_and(|t| !t.global);
         return match co_partitioned {
             true => Some((
                 j.key.trim().to_string(),
@@ -573,7 +574,10 @@ mod tests {
         let s = spec(vec![stream_join("clicks", "value.adId")], None);
         assert_eq!(
             t.stages[1].input_topics(&s),
-            vec!["f-join-clicks-repartition".to_string(), "clicks".to_string()]
+            vec![
+                "f-join-clicks-repartition".to_string(),
+                "clicks".to_string()
+            ]
         );
         // Keyed by the join key: no stage 0 repartition; results are keyed by it too.
         let t = Topology::of(

@@ -120,14 +120,18 @@ pub enum ValidationError {
         step: String,
         topic: String,
     },
-    #[error("{path}: step {step} joins table {table:?}: {what} applies to stream–stream joins only")]
+    #[error(
+        "{path}: step {step} joins table {table:?}: {what} applies to stream–stream joins only"
+    )]
     NotForTableJoins {
         path: String,
         step: String,
         table: String,
         what: &'static str,
     },
-    #[error("{path}: step {step} joins stream {topic:?}, which is {what}: its records would be read twice")]
+    #[error(
+        "{path}: step {step} joins stream {topic:?}, which is {what}: its records would be read twice"
+    )]
     JoinStreamTaken {
         path: String,
         step: String,
@@ -305,7 +309,9 @@ pub fn join_store(step: &Step) -> Option<StoreName> {
     let j = step.join.as_ref()?;
     let s = j.stream.as_ref()?;
     Some(StoreName(
-        j.store.clone().unwrap_or_else(|| format!("join-{}", s.topic)),
+        j.store
+            .clone()
+            .unwrap_or_else(|| format!("join-{}", s.topic)),
     ))
 }
 
@@ -735,13 +741,15 @@ pub fn join_partitions(
                 step: label,
                 topic: st.topic.clone(),
             }),
-            Some(n) if n != task_count => errors.push(ValidationError::JoinStreamNotCoPartitioned {
-                path,
-                step: label,
-                topic: st.topic.clone(),
-                actual: n,
-                want: task_count,
-            }),
+            Some(n) if n != task_count => {
+                errors.push(ValidationError::JoinStreamNotCoPartitioned {
+                    path,
+                    step: label,
+                    topic: st.topic.clone(),
+                    actual: n,
+                    want: task_count,
+                })
+            }
             Some(_) => {}
         }
     }
@@ -1169,7 +1177,12 @@ spec:
         let reasons: Vec<&str> = errors.iter().map(ValidationError::reason).collect();
         assert_eq!(
             reasons,
-            vec!["StreamJoinWithoutWindow", "JoinStreamTaken", "NotForTableJoins", "NotForTableJoins"],
+            vec![
+                "StreamJoinWithoutWindow",
+                "JoinStreamTaken",
+                "NotForTableJoins",
+                "NotForTableJoins"
+            ],
             "{errors:?}"
         );
         let text = errors
@@ -1178,16 +1191,28 @@ spec:
             .collect::<Vec<_>>()
             .join("\n");
         assert!(
-            text.contains("spec.steps[0].join.within: step clicks joins stream \"clicks\" without a window"),
+            text.contains(
+                "spec.steps[0].join.within: step clicks joins stream \"clicks\" without a window"
+            ),
             "{text}"
         );
-        assert!(text.contains("step join-1 joins stream \"in\", which is a source topic"), "{text}");
+        assert!(
+            text.contains("step join-1 joins stream \"in\", which is a source topic"),
+            "{text}"
+        );
         assert!(text.contains("spec.steps[2].join.type: step join-2 joins table \"users\": type: outer applies to stream–stream joins only"), "{text}");
         // The stream's topic must exist with the task count.
-        let counts = BTreeMap::from([("clicks".to_string(), Some(3)), ("users".to_string(), Some(4))]);
+        let counts = BTreeMap::from([
+            ("clicks".to_string(), Some(3)),
+            ("users".to_string(), Some(4)),
+        ]);
         let errors = join_partitions(&a.spec, 4, &counts);
         let reasons: Vec<&str> = errors.iter().map(ValidationError::reason).collect();
-        assert_eq!(reasons, vec!["JoinStreamNotCoPartitioned", "JoinStreamMissing"], "{errors:?}");
+        assert_eq!(
+            reasons,
+            vec!["JoinStreamNotCoPartitioned", "JoinStreamMissing"],
+            "{errors:?}"
+        );
         assert_eq!(join_topics(&a.spec), vec!["users", "clicks", "in"]);
     }
 

@@ -702,8 +702,8 @@ fn decode_join_stream(
             )));
         }
     };
-    let value =
-        decode(msg.value, j.value_format).map_err(|e| bad(format!("failed to decode value: {e}")))?;
+    let value = decode(msg.value, j.value_format)
+        .map_err(|e| bad(format!("failed to decode value: {e}")))?;
     let input = Input {
         key: &key,
         value: &value,

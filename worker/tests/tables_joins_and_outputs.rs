@@ -54,15 +54,10 @@ fn limits(generation: i64) -> Vec<Input> {
 }
 
 fn join_manifest(app: &str, input: &str, table: &str, sink: &str, global: bool) -> String {
-    format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  processingGuarantee: exactly_once
-  commitInterval: 100ms
+    exactly_once_app(
+        app,
+        &format!(
+            r#"
   source: {{topics: [{input}]}}
   tables:
   - {{name: users, topic: {table}, global: {global}}}
@@ -73,8 +68,8 @@ spec:
       type: left
       value: '{{"txId": value.txId, "userId": value.userId, "limit": other == null ? -1 : other.limit}}'
   sink: {{topic: {sink}}}
-"#,
-        bootstrap = bootstrap()
+"#
+        ),
     )
 }
 
@@ -301,7 +296,11 @@ fn a_global_table_is_whole_before_the_first_record_and_follows_updates() {
     // The worker answers queries of the global table itself, for any key.
     let (code, body) = http_get(w.addr, &format!("/v1/stores/users/keys/{}", user(3))).unwrap();
     let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((code, v["value"]["limit"].as_i64()), (200, Some(7777)), "{v}");
+    assert_eq!(
+        (code, v["value"]["limit"].as_i64()),
+        (200, Some(7777)),
+        "{v}"
+    );
     let (code, body) = http_get(w.addr, "/v1/stores/users/keys/nobody").unwrap();
     assert_eq!(code, 404, "{body}");
     w.stop();
@@ -316,22 +315,17 @@ fn branching_to_three_topics_under_exactly_once_with_kills_puts_each_record_in_i
     for k in kinds {
         create_topic(&format!("{app}-{k}"), 2);
     }
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  processingGuarantee: exactly_once
-  commitInterval: 100ms
+    let manifest = exactly_once_app(
+        &app,
+        &format!(
+            r#"
   source: {{topics: [{input}]}}
   steps:
   - to: {{topic: {app}-a, when: "value.kind == 'a'"}}
   - to: {{topic: {app}-b, when: "value.kind == 'b'"}}
   - to: {{topic: {app}-c, when: "value.kind == 'c'", value: '{{"id": value.id, "upper": true}}'}}
-"#,
-        bootstrap = bootstrap()
+"#
+        ),
     );
     let dir = scratch_dir(&app);
     let mut fleet = Fleet::new(&manifest, &dir, 2, false);
@@ -396,19 +390,15 @@ fn a_topic_expression_naming_a_missing_topic_dead_letters_the_record_with_the_to
     let input = format!("{app}-in");
     create_topic(&input, 2);
     create_topic(&format!("{app}-x"), 1);
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  processingGuarantee: exactly_once
+    let manifest = exactly_once_app(
+        &app,
+        &format!(
+            r#"
   source: {{topics: [{input}]}}
   steps:
   - to: {{topicExpr: "'{app}-' + value.dest"}}
-"#,
-        bootstrap = bootstrap()
+"#
+        ),
     );
     produce(
         &input,
@@ -459,7 +449,14 @@ fn outer_join_model(
     within: i64,
     grace: i64,
 ) -> (BTreeMap<(String, String, String), usize>, usize) {
-    let part = |e: &Ev| oxbow_worker::query::partition_for(oxbow_crds::Partitioner::Murmur2, e.ad.as_bytes(), PARTITIONS as u32).unwrap();
+    let part = |e: &Ev| {
+        oxbow_worker::query::partition_for(
+            oxbow_crds::Partitioner::Murmur2,
+            e.ad.as_bytes(),
+            PARTITIONS as u32,
+        )
+        .unwrap()
+    };
     let mut results = BTreeMap::new();
     let mut late = 0;
     for p in 0..PARTITIONS as u32 {
@@ -521,7 +518,7 @@ fn outer_join_model(
     (results, late)
 }
 
-/// Impressions or clicks: ids `<prefix>-<i>`, one of 8 ads, times 200 ms apart with up
+/// Impressions or clicks: ids `<prefix>-<i>`, one of 40 ads, times 200 ms apart with up
 /// to ±1.5 s of disorder, and every 40th record 30 s behind (late, unless the stream
 /// time has not got that far).
 fn join_events(prefix: &str, n: i64, rng: &mut Rng) -> Vec<Ev> {
@@ -532,7 +529,7 @@ fn join_events(prefix: &str, n: i64, rng: &mut Rng) -> Vec<Ev> {
             let late = if i % 40 == 39 { 30_000 } else { 0 };
             Ev {
                 id: format!("{prefix}-{i}"),
-                ad: format!("ad-{}", rng.next(8)),
+                ad: format!("ad-{}", rng.next(40)),
                 t: BASE + i * 200 + jitter - late,
             }
         })
@@ -556,7 +553,10 @@ fn a_windowed_outer_join_of_two_streams_matches_a_model_through_kills_and_a_lost
     let clicks = join_events("click", 600, &mut rng);
     let (want, late) = outer_join_model(&imps, &clicks, within, grace);
     let count = |f: fn(&(String, String, String)) -> bool| {
-        want.iter().filter(|(k, _)| f(k)).map(|(_, n)| n).sum::<usize>()
+        want.iter()
+            .filter(|(k, _)| f(k))
+            .map(|(_, n)| n)
+            .sum::<usize>()
     };
     let (matched, left_only, right_only) = (
         count(|k| !k.1.is_empty() && !k.2.is_empty()),
@@ -580,15 +580,10 @@ fn a_windowed_outer_join_of_two_streams_matches_a_model_through_kills_and_a_lost
             .iter()
             .map(|e| Input::json(&e.ad, json!({"id": e.id})).at(e.t)),
     );
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  processingGuarantee: exactly_once
-  commitInterval: 100ms
+    let manifest = exactly_once_app(
+        &app,
+        &format!(
+            r#"
   source: {{topics: [{imps_topic}]}}
   steps:
   - filter: {{cel: 'has(value.imp)'}}
@@ -600,8 +595,8 @@ spec:
       within: 3s
       grace: 2s
   sink: {{topic: {sink}}}
-"#,
-        bootstrap = bootstrap()
+"#
+        ),
     );
     let dir = scratch_dir(&app);
     let mut fleet = Fleet::new(&manifest, &dir, 2, false);
@@ -650,8 +645,16 @@ spec:
     for o in read_all(&sink, "read_committed") {
         *got.entry(key_of(&o)).or_insert(0) += 1;
     }
-    let missing: Vec<_> = want.iter().filter(|(k, n)| got.get(*k) != Some(n)).take(5).collect();
-    let extra: Vec<_> = got.iter().filter(|(k, n)| want.get(*k) != Some(n)).take(5).collect();
+    let missing: Vec<_> = want
+        .iter()
+        .filter(|(k, n)| got.get(*k) != Some(n))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = got
+        .iter()
+        .filter(|(k, n)| want.get(*k) != Some(n))
+        .take(5)
+        .collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
         "results differ from the model ({total} expected, {} got): missing or miscounted {missing:?}, unexpected {extra:?}",

@@ -445,8 +445,13 @@ impl Engine {
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
         // failed here before, moved away and came back must not stay paused.
         let _ = self.consumer.resume(&self.source_tpl(id));
-        if app.topology.stage(id.stage).is_some_and(|s| !s.streams.is_empty()) {
-            self.merges.insert(id, super::merge::Merge::new(app.inputs(id.stage)));
+        if app
+            .topology
+            .stage(id.stage)
+            .is_some_and(|s| !s.streams.is_empty())
+        {
+            self.merges
+                .insert(id, super::merge::Merge::new(app.inputs(id.stage)));
         }
         self.tasks.insert(id, task);
         Ok(())

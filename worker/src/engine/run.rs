@@ -141,12 +141,20 @@ impl Engine {
                         break 'msg;
                     }
                     out.clear();
-                    let Some(outcome) =
-                        process_input(task, &self.app, &self.env, &self.shared, &msg, origin, &mut out)?
+                    let Some(outcome) = process_input(
+                        task,
+                        &self.app,
+                        &self.env,
+                        &self.shared,
+                        &msg,
+                        origin,
+                        &mut out,
+                    )?
                     else {
                         break 'msg;
                     };
-                    let (topic, partition, offset) = (m.topic().to_string(), m.partition(), m.offset());
+                    let (topic, partition, offset) =
+                        (m.topic().to_string(), m.partition(), m.offset());
                     drop(m);
                     self.finish_input(id, (&topic, partition, offset), &outcome, &out)?;
                 }
@@ -238,7 +246,11 @@ impl Engine {
     /// Processes the buffered records of a merged task whose turn has come.
     fn drain_merged(&mut self, id: TaskId, out: &mut Vec<Output>) -> Result<(), EngineError> {
         loop {
-            let Some(b) = self.merges.get_mut(&id).and_then(|m| m.next(Instant::now())) else {
+            let Some(b) = self
+                .merges
+                .get_mut(&id)
+                .and_then(|m| m.next(Instant::now()))
+            else {
                 return Ok(());
             };
             let Some(task) = self.tasks.get_mut(&id).filter(|t| t.failed.is_none()) else {

@@ -279,10 +279,12 @@ pub fn decode_entry(
             Ok(h) => json!({ "batches": [h] }),
             Err(e) => raw(value, format!("failed to decode the open batch: {e}")),
         },
-        Layout::Table { value_format } | Layout::GlobalTable { value_format } => match crate::task::decode(Some(value), *value_format) {
-            Ok(v) => json!({ "value": v }),
-            Err(e) => raw(value, format!("failed to decode the table row: {e}")),
-        },
+        Layout::Table { value_format } | Layout::GlobalTable { value_format } => {
+            match crate::task::decode(Some(value), *value_format) {
+                Ok(v) => json!({ "value": v }),
+                Err(e) => raw(value, format!("failed to decode the table row: {e}")),
+            }
+        }
         Layout::Custom => raw(
             value,
             "store written by a custom processor: its value is returned as stored".into(),

@@ -339,9 +339,9 @@ impl Queries {
             lookup.info.layout.clone(),
         );
         let read = tokio::task::spawn_blocking(move || {
-            globals
-                .global_row(&table, key.as_bytes())
-                .map(|v| v.map(|v| super::catalogue::decode_entry(&layout, &v, None, Default::default())))
+            globals.global_row(&table, key.as_bytes()).map(|v| {
+                v.map(|v| super::catalogue::decode_entry(&layout, &v, None, Default::default()))
+            })
         })
         .await;
         match read {

@@ -116,7 +116,11 @@ pub fn compile(spec: &StreamAppSpec) -> Result<Vec<ProcessorFactory>, CompileErr
         } else if let Some(b) = &step.batch {
             let per_topic = spec.source.topics.len() > 1;
             out.push(factory(Batch::compile(&p, name, b, per_topic)?));
-        } else if let Some((j, stream)) = step.join.as_ref().and_then(|j| Some((j, j.stream.as_ref()?))) {
+        } else if let Some((j, stream)) = step
+            .join
+            .as_ref()
+            .and_then(|j| Some((j, j.stream.as_ref()?)))
+        {
             let store = oxbow_crds::validate::join_store(step).expect("a stream join has a store");
             out.push(factory(StreamJoin::compile(&p, name, store, j, stream)?));
         } else if let Some(j) = &step.join {

@@ -110,7 +110,12 @@ impl StreamJoin {
         }
     }
 
-    fn load(ctx: &Context<'_>, store: &StoreName, side: Side, key: &str) -> Result<Vec<Buffered>, StepError> {
+    fn load(
+        ctx: &Context<'_>,
+        store: &StoreName,
+        side: Side,
+        key: &str,
+    ) -> Result<Vec<Buffered>, StepError> {
         match ctx.get(store, &keys::join_buffer_key(side, key))? {
             None => Ok(Vec::new()),
             Some(b) => serde_json::from_slice(&b).map_err(|e| {
@@ -159,7 +164,12 @@ impl StreamJoin {
 
     /// Drops every buffered record the stream time `now` has closed, sending on the
     /// unmatched ones the join type keeps.
-    fn close(&mut self, ctx: &mut Context<'_>, now: i64, out: &mut Vec<Record>) -> Result<(), StepError> {
+    fn close(
+        &mut self,
+        ctx: &mut Context<'_>,
+        now: i64,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
         while let Some(first) = self.closing.first().cloned() {
             if first.0 >= now {
                 break;
@@ -260,7 +270,8 @@ impl Processor for StreamJoin {
             tracing::debug!(step = %self.name, key = %key, ts = r.timestamp, "late record dropped");
             return Ok(());
         }
-        let now = advance_stream_time(ctx, &self.store, r.timestamp, r.timestamp)?;
+        // `before` is the stored stream time; none yet means none (not this record's).
+        let now = advance_stream_time(ctx, &self.store, r.timestamp, before.unwrap_or(i64::MIN))?;
         let other_side = side.other();
         let mut others = Self::load(ctx, &self.store, other_side, &key)?;
         let mut matched = false;

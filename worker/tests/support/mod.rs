@@ -56,6 +56,16 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// A StreamApp manifest named `app` on the local broker, exactly-once with 100 ms
+/// commits; `spec` is the rest of the spec, each line indented two spaces.
+pub fn exactly_once_app(app: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{}\"}}\n  processingGuarantee: exactly_once\n  commitInterval: 100ms\n{}",
+        bootstrap(),
+        spec.trim_start_matches('\n')
+    )
+}
+
 pub fn create_topic(name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
