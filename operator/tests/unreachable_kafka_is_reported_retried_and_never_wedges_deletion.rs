@@ -64,16 +64,28 @@ async fn unreachable_kafka_is_reported_and_deletion_gives_up_after_the_timeout()
 
     apps::wait_condition(&api, &healthy, "Ready", "True", Duration::from_secs(120)).await;
 
-    let metrics = reqwest::get(format!("http://{}/metrics", operator.metrics_addr))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("body");
-    assert!(
-        metrics.contains("oxbow_operator_reconcile_failures_total{error=\"KafkaUnreachable\"}"),
-        "{metrics}"
-    );
+    // The failure is counted when the reconcile returns, after its status write and
+    // events: wait for it rather than race it.
+    let url = format!("http://{}/metrics", operator.metrics_addr);
+    wait_for(
+        "the reconcile failure to be counted as KafkaUnreachable",
+        Duration::from_secs(30),
+        || async {
+            let metrics = reqwest::get(&url)
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            match metrics
+                .contains("oxbow_operator_reconcile_failures_total{error=\"KafkaUnreachable\"}")
+            {
+                true => Ok(()),
+                false => Err(metrics),
+            }
+        },
+    )
+    .await;
 
     // Deleting it cannot delete its topics; after the cleanup timeout (20 s here) the
     // finalizer lets go rather than wedging the namespace.

@@ -79,6 +79,8 @@ pub struct Spec {
     pub output: String,
     pub dlq: String,
     pub state: PathBuf,
+    /// W5's users table topic.
+    pub table: String,
     /// More `key=value` arguments for the Kafka Streams peer.
     pub extra: Vec<String>,
     /// Kafka Streams serves its store on a loopback port (the worker always does).
@@ -219,6 +221,14 @@ fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
             spec["errors"]["topic"] = s.dlq.clone().into();
             serde_yaml::to_string(&m).expect("manifest")
         }
+        // Payments keyed by payment id: dedupe by txId and aggregate per user each
+        // repartition (as the peer's), the users table is joined where the aggregate
+        // is (both keyed by the user with murmur2).
+        "w5" => format!(
+            "{header}  tables:\n  - {{name: users, topic: {t}}}\n  steps:\n  - dedupe: {{store: seen, id: value.txId, within: 24h}}\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m, grace: 1h}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  - join: {{table: users, key: key, type: left}}\n  sink: {{topic: {o}}}\n",
+            t = s.table,
+            o = s.output
+        ),
         other => panic!("no Oxbow pipeline for {other}"),
     }
 }
@@ -277,6 +287,7 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                 .arg(format!("input={}", s.input))
                 .arg(format!("output={}", s.output))
                 .arg(format!("dlq={}", s.dlq))
+                .arg(format!("table={}", s.table))
                 .arg(format!("guarantee={}", s.guarantee.kstreams()))
                 .arg(format!("threads={}", setup.threads))
                 .arg(format!("stateDir={}", s.state.display()))

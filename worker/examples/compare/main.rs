@@ -13,6 +13,8 @@
 //! - W4: W1 exactly-once (`w4`) and at-least-once (`w4alos`), SIGKILL half-way, restart on
 //!   the same state: time until every partition commits again, and the changelog records
 //!   replayed.
+//! - W5: payments keyed by payment id, deduped by txId, aggregated per user in windows
+//!   (two repartitions) and joined with a users table, exactly-once (w5.rs).
 //! - latency: W1 at a fixed input rate: p50/p99 from the input's timestamp to the output
 //!   seen by a read_committed consumer.
 //! - the raw pipe (`compare pipe …`, pipe.rs): consume → produce, no state.
@@ -21,7 +23,7 @@
 //! (1000000), BENCH_KEYS (100000), BENCH_PARTITIONS (4), BENCH_RUNS (3), BENCH_SEED (42),
 //! BENCH_W2_RECORDS (= BENCH_RECORDS), BENCH_RESTORE_KEYS (1000000), BENCH_RESTORE_TAIL
 //! (50000), BENCH_RATE (5000 records/s), BENCH_LATENCY_SECS (30), BENCH_WORKLOADS
-//! (w1,w2,w3,w4,w4alos,latency), BENCH_ENGINES (oxbow,kstreams,pipe), BENCH_THREADS (cores),
+//! (w1,w2,w3,w4,w4alos,w5,latency), BENCH_ENGINES (oxbow,kstreams,pipe), BENCH_THREADS (cores),
 //! BENCH_MEMORY_MIB (256, the worker's), BENCH_COMMIT_MS (100), BENCH_KS_CACHE_BYTES (0:
 //! every update emitted, as Oxbow's `emit: onUpdate`), BENCH_KS_JAVA_OPTS (-Xmx1g),
 //! BENCH_KS_PROPS (producer.compression.type=lz4), BENCH_KSTREAMS_DIR (bench/kstreams),
@@ -32,6 +34,7 @@ mod engine;
 mod kafka;
 mod pipe;
 mod report;
+mod w5;
 mod workload;
 
 use std::path::PathBuf;
@@ -104,6 +107,7 @@ impl Bench {
             output: format!("{app}-out"),
             dlq: format!("{app}-dlq"),
             state: self.setup.scratch.join(format!("{app}-state")),
+            table: String::new(),
             extra: Vec::new(),
             query: false,
             input: input.to_string(),
@@ -959,7 +963,7 @@ fn main() {
         restore_tail: env_u64("BENCH_RESTORE_TAIL", 50_000),
         rate: env_u64("BENCH_RATE", 5_000),
         latency_secs: env_u64("BENCH_LATENCY_SECS", 30),
-        workloads: env_str("BENCH_WORKLOADS", "w1,w2,w3,w4,w4alos,latency")
+        workloads: env_str("BENCH_WORKLOADS", "w1,w2,w3,w4,w4alos,w5,latency")
             .split(',')
             .map(|w| w.trim().to_string())
             .filter(|w| !w.is_empty())
@@ -1051,12 +1055,13 @@ fn main() {
         scratch.display()
     );
     let wants = |w: &str| b.cfg.workloads.iter().any(|x| x == w);
-    let (do_w1, do_w2, do_w3, do_w4, do_w4alos, do_lat) = (
+    let (do_w1, do_w2, do_w3, do_w4, do_w4alos, do_w5, do_lat) = (
         wants("w1"),
         wants("w2"),
         wants("w3"),
         wants("w4"),
         wants("w4alos"),
+        wants("w5"),
         wants("latency"),
     );
     // A workload that fails (a broker restarted by someone else, an engine that does not
@@ -1096,6 +1101,9 @@ fn main() {
     }
     if do_w3 {
         guarded(&mut b, "W3", Bench::w3);
+    }
+    if do_w5 {
+        guarded(&mut b, "W5", Bench::w5);
     }
     if do_lat {
         guarded(&mut b, "latency", Bench::latency);

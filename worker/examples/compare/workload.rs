@@ -449,3 +449,126 @@ pub fn check_w3_content(exp: &W3Expected, sample: &[u64], get: &mut Get) -> Resu
         Err(format!("{total} mismatches, e.g. {}", bad.join("; ")))
     }
 }
+
+/// What W5 must output: the last update of every (user, window) with the generated
+/// count and total of the payments left after dedupe, joined with the user's limit.
+pub struct W5Expected {
+    pub windows: W1Expected,
+    /// Users with a row in the users table; the others join as `other: null`.
+    pub limits: HashMap<u32, i64>,
+    /// Payments re-sent with a new payment id (dropped by the dedupe).
+    pub resent: u64,
+}
+
+/// W5 input: `keys` users in `users_topic` (every 50th has no row), then `records`
+/// payments keyed by their payment id (so a user's and a transaction's payments are on
+/// every partition); about 10% re-send one of the last 1 000 transactions under a new
+/// payment id. Event times are 5 ms apart from `base_ts`.
+pub fn w5(
+    k: &Kafka,
+    input: &str,
+    users_topic: &str,
+    records: u64,
+    keys: u64,
+    seed: u64,
+    base_ts: i64,
+) -> W5Expected {
+    let p = generator_producer(&k.bootstrap);
+    let mut limits = HashMap::new();
+    for u in 0..keys {
+        if u % 50 == 49 {
+            continue;
+        }
+        let limit = 1_000 + (u * 7_919) % 100_000;
+        let row = format!(r#"{{"limit":{limit}}}"#);
+        send(&p, users_topic, user(u).as_bytes(), row.as_bytes(), base_ts);
+        limits.insert(u as u32, limit as i64);
+    }
+    let mut rng = Rng::new(seed ^ 0x0505);
+    let mut recent: Vec<String> = Vec::new();
+    let mut exp = W5Expected {
+        windows: W1Expected::new(),
+        limits,
+        resent: 0,
+    };
+    for i in 0..records {
+        let x = rng.next();
+        let ts = base_ts + i as i64 * 5;
+        let key = format!("p-{i}");
+        if x.is_multiple_of(10) && !recent.is_empty() {
+            let again = recent[((x >> 8) % recent.len() as u64) as usize].clone();
+            send(&p, input, key.as_bytes(), again.as_bytes(), ts);
+            exp.resent += 1;
+            continue;
+        }
+        let u = (x >> 4) % keys;
+        let amount = (x >> 20) % 10_000;
+        let name = user(u);
+        let value = format!(
+            r#"{{"txId":"tx-{i}","user":"{name}","amount":{amount},"currency":"EUR","ts":{ts},"note":"benchmark-record-with-some-padding"}}"#
+        );
+        send(&p, input, key.as_bytes(), value.as_bytes(), ts);
+        if recent.len() < 1_000 {
+            recent.push(value);
+        } else {
+            recent[(i % 1_000) as usize] = value;
+        }
+        let e = exp
+            .windows
+            .entry((u as u32, ts - ts.rem_euclid(WINDOW_MS)))
+            .or_insert((0, 0));
+        e.0 += 1;
+        e.1 += amount as i64;
+    }
+    p.flush(Duration::from_secs(300)).expect("flush");
+    exp
+}
+
+/// Checks a W5 output topic: `{"value": <the window's aggregate>, "other": <the user's
+/// row or null>}`, the last update of every (user, window) as generated, with the
+/// user's limit. Returns the number of output records, or the first mismatches.
+pub fn check_w5(k: &Kafka, topic: &str, partitions: i32, exp: &W5Expected) -> Result<u64, String> {
+    let mut last: HashMap<(u32, i64), (i64, i64, Option<i64>)> = HashMap::new();
+    let mut bad = Vec::new();
+    let n = crate::kafka::read_all(&k.bootstrap, topic, partitions, |o| {
+        let v: serde_json::Value = match serde_json::from_slice(&o.value) {
+            Ok(v) => v,
+            Err(e) => return bad.push(format!("unreadable output: {e}")),
+        };
+        let a = &v["value"];
+        let u = a["key"]
+            .as_str()
+            .and_then(|s| s.strip_prefix("user-"))
+            .and_then(|s| s.parse::<u32>().ok());
+        let (Some(u), Some(ws), Some(c), Some(t)) = (
+            u,
+            a["windowStart"].as_i64(),
+            a["count"].as_i64(),
+            a["total"].as_i64(),
+        ) else {
+            return bad.push(format!("unexpected output {v}"));
+        };
+        last.insert((u, ws), (c, t, v["other"]["limit"].as_i64()));
+    });
+    for (key, want) in &exp.windows {
+        let limit = exp.limits.get(&key.0).copied();
+        match last.get(key) {
+            Some(&(c, t, l)) if (c, t) == *want && l == limit => {}
+            got => bad.push(format!(
+                "user-{:06} window {}: expected (count, total, limit) ({}, {}, {limit:?}), got {got:?}",
+                key.0, key.1, want.0, want.1
+            )),
+        }
+    }
+    for key in last.keys() {
+        if !exp.windows.contains_key(key) {
+            bad.push(format!("unexpected window user-{:06} {}", key.0, key.1));
+        }
+    }
+    if bad.is_empty() {
+        return Ok(n);
+    }
+    let total = bad.len();
+    bad.truncate(5);
+    Err(format!("{total} mismatches, e.g. {}", bad.join("; ")))
+}

@@ -56,14 +56,20 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A StreamApp manifest named `app` on the local broker, exactly-once with 100 ms
-/// commits; `spec` is the rest of the spec, each line indented two spaces.
-pub fn exactly_once_app(app: &str, spec: &str) -> String {
+/// A StreamApp manifest named `app` on the local broker under `guarantee`
+/// (`exactly_once` or `at_least_once`) with 100 ms commits; `spec` is the rest of the
+/// spec, each line indented two spaces.
+pub fn app_manifest(app: &str, guarantee: &str, spec: &str) -> String {
     format!(
-        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{}\"}}\n  processingGuarantee: exactly_once\n  commitInterval: 100ms\n{}",
+        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}}}\nspec:\n  kafka: {{bootstrapServers: \"{}\"}}\n  processingGuarantee: {guarantee}\n  commitInterval: 100ms\n{}",
         bootstrap(),
         spec.trim_start_matches('\n')
     )
+}
+
+/// [`app_manifest`] under exactly-once.
+pub fn exactly_once_app(app: &str, spec: &str) -> String {
+    app_manifest(app, "exactly_once", spec)
 }
 
 pub fn create_topic(name: &str, partitions: i32) {

@@ -55,6 +55,13 @@ import org.apache.kafka.streams.state.WindowStore;
  *       without marking the id as seen.
  *   <li>{@code w3}: an unwindowed count + sum per key (a changelog with one record per key),
  *       used to time restores.
+ *   <li>{@code w5}: payments keyed by payment id, re-keyed by {@code txId} and repartitioned
+ *       ({@code <app>-seen-repartition}), deduped within 24 h, grouped by {@code user}
+ *       ({@code <app>-per-user-repartition}) into 10-minute windows with 1 h grace (count + sum,
+ *       every update), each update joined with the user's row of the co-partitioned {@code
+ *       table} topic: {@code {"value": <the aggregate as in w1>, "other": <the row or null>}},
+ *       keyed by the user. The same topology as Oxbow's: two repartitions, the table read in
+ *       the aggregate's sub-topology.
  * </ul>
  *
  * <p>Arguments are {@code key=value}; {@code prop.<name>=<value>} passes any Streams, consumer
@@ -203,6 +210,134 @@ public final class KStreamsBench {
                         + ",\"total\":"
                         + agg.total
                         + "}"))
+        .to(a.get("output"), Produced.with(Serdes.String(), Serdes.String()));
+    return b.build();
+  }
+
+  /** The fields of a W5 payment the pipeline reads. */
+  @JsonIgnoreProperties(ignoreUnknown = true)
+  public static final class Payment5 {
+    public String txId;
+    public String user;
+    public long amount;
+  }
+
+  static Payment5 payment5(byte[] value) {
+    try {
+      return MAPPER.readValue(value, Payment5.class);
+    } catch (java.io.IOException e) {
+      throw new IllegalArgumentException("unreadable payment: " + e.getMessage(), e);
+    }
+  }
+
+  /** W5's dedupe: the first payment of a txId within {@code within} of event time passes. */
+  static final class Dedupe5 implements Processor<String, byte[], String, byte[]> {
+    private final long within;
+    private ProcessorContext<String, byte[]> ctx;
+    private KeyValueStore<String, Long> seen;
+
+    Dedupe5(long within) {
+      this.within = within;
+    }
+
+    @Override
+    public void init(ProcessorContext<String, byte[]> context) {
+      this.ctx = context;
+      this.seen = context.getStateStore("seen");
+    }
+
+    @Override
+    public void process(Record<String, byte[]> r) {
+      Long first = seen.get(r.key());
+      if (first != null && Math.abs(r.timestamp() - first) <= within) {
+        return;
+      }
+      seen.put(r.key(), r.timestamp());
+      ctx.forward(r);
+    }
+  }
+
+  /** W5's join: each window update with the user's row of the table store {@code users}. */
+  static final class UserRow
+      implements org.apache.kafka.streams.processor.api.FixedKeyProcessor<
+          org.apache.kafka.streams.kstream.Windowed<String>, Agg, String> {
+    private org.apache.kafka.streams.processor.api.FixedKeyProcessorContext<
+            org.apache.kafka.streams.kstream.Windowed<String>, String>
+        ctx;
+    private org.apache.kafka.streams.state.TimestampedKeyValueStore<String, String> users;
+
+    @Override
+    public void init(
+        org.apache.kafka.streams.processor.api.FixedKeyProcessorContext<
+                org.apache.kafka.streams.kstream.Windowed<String>, String>
+            context) {
+      this.ctx = context;
+      this.users = context.getStateStore("users");
+    }
+
+    @Override
+    public void process(
+        org.apache.kafka.streams.processor.api.FixedKeyRecord<
+                org.apache.kafka.streams.kstream.Windowed<String>, Agg>
+            r) {
+      org.apache.kafka.streams.kstream.Windowed<String> w = r.key();
+      org.apache.kafka.streams.state.ValueAndTimestamp<String> row = users.get(w.key());
+      Agg agg = r.value();
+      String value =
+          "{\"value\":{\"key\":"
+              + quote(w.key())
+              + ",\"windowStart\":"
+              + w.window().start()
+              + ",\"windowEnd\":"
+              + w.window().end()
+              + ",\"count\":"
+              + agg.count
+              + ",\"total\":"
+              + agg.total
+              + "},\"other\":"
+              + (row == null ? "null" : row.value())
+              + "}";
+      ctx.forward(r.withValue(value));
+    }
+  }
+
+  static Topology w5(Map<String, String> a) {
+    StreamsBuilder b = new StreamsBuilder();
+    long within = Duration.ofHours(24).toMillis();
+    b.addStateStore(
+        Stores.keyValueStoreBuilder(
+            Stores.persistentKeyValueStore("seen"), Serdes.String(), Serdes.Long()));
+    b.table(
+        a.get("table"),
+        Consumed.with(Serdes.String(), Serdes.String()),
+        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users")
+            .withKeySerde(Serdes.String())
+            .withValueSerde(Serdes.String()));
+    b.stream(
+            java.util.Arrays.asList(a.get("input").split(",")),
+            Consumed.with(Serdes.String(), Serdes.ByteArray()))
+        .selectKey(
+            (k, v) -> {
+              PROCESSED.incrementAndGet();
+              return payment5(v).txId;
+            })
+        .repartition(
+            org.apache.kafka.streams.kstream.Repartitioned.<String, byte[]>as("seen")
+                .withKeySerde(Serdes.String())
+                .withValueSerde(Serdes.ByteArray()))
+        .process(() -> new Dedupe5(within), "seen")
+        .groupBy(
+            (k, v) -> payment5(v).user, Grouped.with("per-user", Serdes.String(), Serdes.ByteArray()))
+        .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMinutes(10), Duration.ofHours(1)))
+        .aggregate(
+            () -> new Agg(0, 0),
+            (k, v, agg) -> agg.add(payment5(v).amount),
+            Materialized.<String, Agg, WindowStore<Bytes, byte[]>>as("per-user")
+                .withKeySerde(Serdes.String())
+                .withValueSerde(aggSerde()))
+        .toStream()
+        .processValues(UserRow::new, "users")
+        .map((w, v) -> KeyValue.pair(w.key(), v))
         .to(a.get("output"), Produced.with(Serdes.String(), Serdes.String()));
     return b.build();
   }
@@ -407,7 +542,8 @@ public final class KStreamsBench {
           case "w1" -> w1(a);
           case "w2" -> w2(a);
           case "w3" -> w3(a);
-          default -> throw new IllegalArgumentException("workload is w1, w2 or w3: " + workload);
+          case "w5" -> w5(a);
+          default -> throw new IllegalArgumentException("workload is w1, w2, w3 or w5: " + workload);
         };
 
     Properties p = new Properties();

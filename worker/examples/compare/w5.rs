@@ -1,0 +1,133 @@
+//! W5: payments keyed by payment id, deduped by txId and aggregated per user in
+//! 10-minute windows (two repartitions), then joined with a co-partitioned users table
+//! for each user's limit, under exactly-once. The same topology runs in both engines
+//! (the peer's `w5`), outputs are checked before the figures count.
+//!
+//! A run ends when the input is committed and the output has stopped growing for
+//! [`QUIET`]: the stages after the first have no input offsets of their own to wait on.
+
+use std::time::{Duration, Instant};
+
+use crate::engine::{Guarantee, Kind, cpu_seconds, peak_rss_mib, spawn};
+use crate::kafka::wait_committed;
+use crate::report::Better;
+use crate::{Bench, LONG, workload};
+
+/// How long the output must stay the same for a run to count as finished.
+const QUIET: Duration = Duration::from_secs(3);
+
+impl Bench {
+    pub(crate) fn w5(&mut self) {
+        let input = format!("{}w5-in", self.prefix);
+        let users = format!("{}w5-users", self.prefix);
+        self.k.create_topic(&input, self.cfg.partitions);
+        self.k.create_topic(&users, self.cfg.partitions);
+        eprintln!(
+            "W5: generating {} users into {users} and {} payments into {input}…",
+            self.cfg.keys, self.cfg.records
+        );
+        let exp = workload::w5(
+            &self.k,
+            &input,
+            &users,
+            self.cfg.records,
+            self.cfg.keys,
+            self.cfg.seed,
+            self.base_ts,
+        );
+        let ends = self
+            .k
+            .end_offsets(&input, self.cfg.partitions)
+            .expect("ends");
+        let records = self.cfg.records as f64;
+        for run in 1..=self.cfg.runs {
+            for &kind in &self.cfg.engines {
+                if kind == Kind::Pipe {
+                    continue;
+                }
+                let app = format!("{}w5-{}-{run}", self.prefix, kind.name());
+                let mut s = self.spec(kind, "w5", Guarantee::Eos, app, &input);
+                s.table = users.clone();
+                self.k.create_topic(&s.output, self.cfg.partitions);
+                eprintln!("W5 EOS run {run}: {}…", kind.name());
+                let label = format!("W5 EOS run {run} {}", kind.name());
+                let (secs, rss, cpu) = match self.until_quiet(&s, &ends) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.report.check(format!("{label}: {e}"), false);
+                        continue;
+                    }
+                };
+                match workload::check_w5(&self.k, &s.output, self.cfg.partitions, &exp) {
+                    Ok(n) => {
+                        self.report.check(
+                            format!(
+                                "{label}: {} (user, window) aggregates as generated with each user's limit, {} re-sends dropped; {n} outputs",
+                                exp.windows.len(),
+                                exp.resent
+                            ),
+                            true,
+                        );
+                        let w = "W5 EOS";
+                        self.report
+                            .add(w, "records/s", Better::Higher, kind, records / secs);
+                        self.report.add(w, "peak RSS MiB", Better::Lower, kind, rss);
+                        self.report.add(
+                            w,
+                            "CPU s / M records",
+                            Better::Lower,
+                            kind,
+                            cpu / (records / 1e6),
+                        );
+                    }
+                    Err(e) => self.report.check(format!("{label}: {e}"), false),
+                }
+            }
+        }
+    }
+
+    /// Runs `s` until its input is committed to `ends` and its output has been quiet
+    /// for [`QUIET`]: (seconds until the last output, peak RSS, CPU s).
+    fn until_quiet(
+        &self,
+        s: &crate::engine::Spec,
+        ends: &[i64],
+    ) -> Result<(f64, f64, f64), String> {
+        let mut p = spawn(&self.setup, s);
+        let res = (|| {
+            let t0 = p.wait_running(Duration::from_secs(600))?;
+            let cpu0 = cpu_seconds(p.pid());
+            let reader = self.k.offsets_reader(&s.app);
+            wait_committed(&reader, &s.input, ends, LONG, &mut || p.alive())?;
+            let output_end = || {
+                self.k
+                    .end_offsets(&s.output, self.cfg.partitions)
+                    .map(|e| e.iter().sum::<i64>())
+                    .unwrap_or(0)
+            };
+            let (mut last, mut changed) = (output_end(), Instant::now());
+            let deadline = Instant::now() + LONG;
+            while changed.elapsed() < QUIET || last == 0 {
+                p.alive()?;
+                if Instant::now() > deadline {
+                    return Err(format!("the output did not settle within {LONG:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                let now = output_end();
+                if now != last {
+                    (last, changed) = (now, Instant::now());
+                }
+            }
+            Ok((
+                (changed - t0).as_secs_f64(),
+                peak_rss_mib(p.pid()),
+                cpu_seconds(p.pid()) - cpu0,
+            ))
+        })();
+        if res.is_err() {
+            eprintln!("{}", p.log_tail());
+        }
+        p.stop();
+        res
+    }
+}
