@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod coord;
+pub mod decode;
 pub mod engine;
 pub mod expr;
 pub mod http;

@@ -7,6 +7,7 @@
 //!   SIGKILLs under exactly-once every payment comes out once. Then the state volume is
 //!   lost and the table store comes back from the table's topic, answering queries from
 //!   every worker.
+//! - The same join at least once with kills: every payment out, always with its row.
 //! - A global table with another partition count: no repartition, loaded before any
 //!   record is processed, following updates while running, and queried from the worker.
 //! - A windowed outer join of two streams against a model, with out-of-order and late
@@ -54,10 +55,13 @@ fn limits(generation: i64) -> Vec<Input> {
 }
 
 fn join_manifest(app: &str, input: &str, table: &str, sink: &str, global: bool) -> String {
-    exactly_once_app(
-        app,
-        &format!(
-            r#"
+    exactly_once_app(app, &join_spec(input, table, sink, global))
+}
+
+/// The spec of [`join_manifest`] after the guarantee.
+fn join_spec(input: &str, table: &str, sink: &str, global: bool) -> String {
+    format!(
+        r#"
   source: {{topics: [{input}]}}
   tables:
   - {{name: users, topic: {table}, global: {global}}}
@@ -69,7 +73,6 @@ fn join_manifest(app: &str, input: &str, table: &str, sink: &str, global: bool) 
       value: '{{"txId": value.txId, "userId": value.userId, "limit": other == null ? -1 : other.limit}}'
   sink: {{topic: {sink}}}
 "#
-        ),
     )
 }
 
@@ -232,6 +235,71 @@ fn a_stream_keyed_differently_from_its_table_is_joined_with_the_latest_row_throu
         topic_partitions(&format!("{app}-users-changelog")).is_none(),
         "a table has no changelog of its own"
     );
+    fleet.stop();
+}
+
+/// At least once, a payment processed again after a kill may come out twice, but every
+/// payment comes out, each time with its user's row.
+#[test]
+fn at_least_once_every_payment_is_joined_with_its_row_through_kills() {
+    let app = unique("ajoin");
+    let (input, table, sink) = (
+        format!("{app}-payments"),
+        format!("{app}-users"),
+        format!("{app}-out"),
+    );
+    create_topic(&input, PARTITIONS);
+    create_topic(&table, PARTITIONS);
+    create_topic(&sink, PARTITIONS);
+    produce(&table, limits(1));
+    let manifest = app_manifest(
+        &app,
+        "at_least_once",
+        &join_spec(&input, &table, &sink, false),
+    );
+    let dir = scratch_dir(&app);
+    let mut fleet = Fleet::new(&manifest, &dir, 2, true);
+    fleet.start_missing();
+    wait_stage_committed(
+        &mut fleet.running(),
+        1,
+        &table,
+        &end_offsets(&table),
+        Duration::from_secs(60),
+    );
+    let n = 400;
+    let producer = {
+        let input = input.clone();
+        std::thread::spawn(move || {
+            for c in 0..8 {
+                produce(&input, payments(c * n / 8, n / 8));
+                std::thread::sleep(Duration::from_millis(150));
+            }
+        })
+    };
+    let mut rng = Rng(0x51_7cc1_b727_220a);
+    for round in 0..2 {
+        std::thread::sleep(Duration::from_millis(200 + rng.next(600)));
+        fleet.kill9(round % 2);
+        fleet.start_missing();
+    }
+    producer.join().unwrap();
+    let out = read_until(
+        &sink,
+        "read_committed",
+        "every payment joined",
+        Duration::from_secs(120),
+        |o| enriched(o).len() as i64 >= n,
+    );
+    let got = enriched(&out);
+    assert_eq!(got.len() as i64, n, "no payment is missing or invented");
+    for (tx, limits) in got {
+        let i: i64 = tx.trim_start_matches("tx-").parse().unwrap();
+        assert!(
+            !limits.is_empty() && limits.iter().all(|l| *l == want_limit(i, 1)),
+            "{tx} must come out with its user's limit each time: {limits:?}"
+        );
+    }
     fleet.stop();
 }
 

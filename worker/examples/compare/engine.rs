@@ -222,10 +222,11 @@ fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
             serde_yaml::to_string(&m).expect("manifest")
         }
         // Payments keyed by payment id: dedupe by txId and aggregate per user each
-        // repartition (as the peer's), the users table is joined where the aggregate
-        // is (both keyed by the user with murmur2).
+        // repartition (as the peer's); the users table is global (a GlobalKTable in the
+        // peer), whole before the first payment in both. A day of grace: every input is
+        // there from the start, so stages run at different event times.
         "w5" => format!(
-            "{header}  tables:\n  - {{name: users, topic: {t}}}\n  steps:\n  - dedupe: {{store: seen, id: value.txId, within: 24h}}\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m, grace: 1h}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  - join: {{table: users, key: key, type: left}}\n  sink: {{topic: {o}}}\n",
+            "{header}  tables:\n  - {{name: users, topic: {t}, global: true}}\n  steps:\n  - dedupe: {{store: seen, id: value.txId, within: 24h}}\n  - aggregate:\n      store: per-user\n      groupBy: value.user\n      window: {{tumbling: 10m, grace: 24h}}\n      fields: {{count: {{count: {{}}}}, total: {{sum: value.amount}}}}\n  - join: {{table: users, key: key, type: left}}\n  sink: {{topic: {o}}}\n",
             t = s.table,
             o = s.output
         ),

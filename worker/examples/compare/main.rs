@@ -14,7 +14,7 @@
 //!   the same state: time until every partition commits again, and the changelog records
 //!   replayed.
 //! - W5: payments keyed by payment id, deduped by txId, aggregated per user in windows
-//!   (two repartitions) and joined with a users table, exactly-once (w5.rs).
+//!   (two repartitions) and joined with a global users table, exactly-once (w5.rs).
 //! - latency: W1 at a fixed input rate: p50/p99 from the input's timestamp to the output
 //!   seen by a read_committed consumer.
 //! - the raw pipe (`compare pipe …`, pipe.rs): consume → produce, no state.
@@ -195,17 +195,7 @@ impl Bench {
                     };
                     if ok {
                         let w = format!("W1 {}", g.label());
-                        self.report
-                            .add(&w, "records/s", Better::Higher, kind, records / secs);
-                        self.report
-                            .add(&w, "peak RSS MiB", Better::Lower, kind, rss);
-                        self.report.add(
-                            &w,
-                            "CPU s / M records",
-                            Better::Lower,
-                            kind,
-                            cpu / (records / 1e6),
-                        );
+                        self.report.add_run(&w, kind, records, (secs, rss, cpu));
                     }
                 }
             }
@@ -255,22 +245,8 @@ impl Bench {
                             format!("{label}: {n} payments accepted once each of {} records (duplicates dropped), {} dead letters", exp.records, exp.dead_letters),
                             true,
                         );
-                        self.report.add(
-                            "W2 EOS",
-                            "records/s",
-                            Better::Higher,
-                            kind,
-                            records / secs,
-                        );
                         self.report
-                            .add("W2 EOS", "peak RSS MiB", Better::Lower, kind, rss);
-                        self.report.add(
-                            "W2 EOS",
-                            "CPU s / M records",
-                            Better::Lower,
-                            kind,
-                            cpu / (records / 1e6),
-                        );
+                            .add_run("W2 EOS", kind, records, (secs, rss, cpu));
                     }
                     Err(e) => self.report.check(format!("{label}: {e}"), false),
                 }

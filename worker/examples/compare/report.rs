@@ -55,6 +55,25 @@ fn fmt(v: f64) -> String {
 }
 
 impl Report {
+    /// A throughput run's three figures: records/s, peak RSS and CPU per million records.
+    pub fn add_run(
+        &mut self,
+        workload: &str,
+        kind: Kind,
+        records: f64,
+        (secs, rss, cpu): (f64, f64, f64),
+    ) {
+        self.add(workload, "records/s", Better::Higher, kind, records / secs);
+        self.add(workload, "peak RSS MiB", Better::Lower, kind, rss);
+        self.add(
+            workload,
+            "CPU s / M records",
+            Better::Lower,
+            kind,
+            cpu / (records / 1e6),
+        );
+    }
+
     pub fn add(&mut self, workload: &str, metric: &str, better: Better, kind: Kind, value: f64) {
         let row = match self
             .rows

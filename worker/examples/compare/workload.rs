@@ -463,7 +463,7 @@ pub struct W5Expected {
 /// W5 input: `keys` users in `users_topic` (every 50th has no row), then `records`
 /// payments keyed by their payment id (so a user's and a transaction's payments are on
 /// every partition); about 10% re-send one of the last 1 000 transactions under a new
-/// payment id. Event times are 5 ms apart from `base_ts`.
+/// payment id, with its event time. Event times are 5 ms apart from `base_ts`.
 pub fn w5(
     k: &Kafka,
     input: &str,
@@ -485,7 +485,10 @@ pub fn w5(
         limits.insert(u as u32, limit as i64);
     }
     let mut rng = Rng::new(seed ^ 0x0505);
-    let mut recent: Vec<String> = Vec::new();
+    // (value, event time) of recent payments: a re-send keeps the original's event time,
+    // so whichever copy the dedupe meets first (they are on different partitions), the
+    // payment counts in the same window.
+    let mut recent: Vec<(String, i64)> = Vec::new();
     let mut exp = W5Expected {
         windows: W1Expected::new(),
         limits,
@@ -496,8 +499,8 @@ pub fn w5(
         let ts = base_ts + i as i64 * 5;
         let key = format!("p-{i}");
         if x.is_multiple_of(10) && !recent.is_empty() {
-            let again = recent[((x >> 8) % recent.len() as u64) as usize].clone();
-            send(&p, input, key.as_bytes(), again.as_bytes(), ts);
+            let (again, at) = &recent[((x >> 8) % recent.len() as u64) as usize];
+            send(&p, input, key.as_bytes(), again.as_bytes(), *at);
             exp.resent += 1;
             continue;
         }
@@ -509,9 +512,9 @@ pub fn w5(
         );
         send(&p, input, key.as_bytes(), value.as_bytes(), ts);
         if recent.len() < 1_000 {
-            recent.push(value);
+            recent.push((value, ts));
         } else {
-            recent[(i % 1_000) as usize] = value;
+            recent[(i % 1_000) as usize] = (value, ts);
         }
         let e = exp
             .windows

@@ -57,11 +57,11 @@ import org.apache.kafka.streams.state.WindowStore;
  *       used to time restores.
  *   <li>{@code w5}: payments keyed by payment id, re-keyed by {@code txId} and repartitioned
  *       ({@code <app>-seen-repartition}), deduped within 24 h, grouped by {@code user}
- *       ({@code <app>-per-user-repartition}) into 10-minute windows with 1 h grace (count + sum,
- *       every update), each update joined with the user's row of the co-partitioned {@code
- *       table} topic: {@code {"value": <the aggregate as in w1>, "other": <the row or null>}},
- *       keyed by the user. The same topology as Oxbow's: two repartitions, the table read in
- *       the aggregate's sub-topology.
+ *       ({@code <app>-per-user-repartition}) into 10-minute windows with 24 h grace (count +
+ *       sum, every update), each update left-joined with the user's row of the {@code table}
+ *       topic as a GlobalKTable: {@code {"value": <the aggregate as in w1>, "other": <the row
+ *       or null>}}, keyed by the user. The same topology as Oxbow's (two repartitions, a global
+ *       table loaded whole before processing).
  * </ul>
  *
  * <p>Arguments are {@code key=value}; {@code prop.<name>=<value>} passes any Streams, consumer
@@ -257,62 +257,19 @@ public final class KStreamsBench {
     }
   }
 
-  /** W5's join: each window update with the user's row of the table store {@code users}. */
-  static final class UserRow
-      implements org.apache.kafka.streams.processor.api.FixedKeyProcessor<
-          org.apache.kafka.streams.kstream.Windowed<String>, Agg, String> {
-    private org.apache.kafka.streams.processor.api.FixedKeyProcessorContext<
-            org.apache.kafka.streams.kstream.Windowed<String>, String>
-        ctx;
-    private org.apache.kafka.streams.state.TimestampedKeyValueStore<String, String> users;
-
-    @Override
-    public void init(
-        org.apache.kafka.streams.processor.api.FixedKeyProcessorContext<
-                org.apache.kafka.streams.kstream.Windowed<String>, String>
-            context) {
-      this.ctx = context;
-      this.users = context.getStateStore("users");
-    }
-
-    @Override
-    public void process(
-        org.apache.kafka.streams.processor.api.FixedKeyRecord<
-                org.apache.kafka.streams.kstream.Windowed<String>, Agg>
-            r) {
-      org.apache.kafka.streams.kstream.Windowed<String> w = r.key();
-      org.apache.kafka.streams.state.ValueAndTimestamp<String> row = users.get(w.key());
-      Agg agg = r.value();
-      String value =
-          "{\"value\":{\"key\":"
-              + quote(w.key())
-              + ",\"windowStart\":"
-              + w.window().start()
-              + ",\"windowEnd\":"
-              + w.window().end()
-              + ",\"count\":"
-              + agg.count
-              + ",\"total\":"
-              + agg.total
-              + "},\"other\":"
-              + (row == null ? "null" : row.value())
-              + "}";
-      ctx.forward(r.withValue(value));
-    }
-  }
-
   static Topology w5(Map<String, String> a) {
     StreamsBuilder b = new StreamsBuilder();
     long within = Duration.ofHours(24).toMillis();
     b.addStateStore(
         Stores.keyValueStoreBuilder(
             Stores.persistentKeyValueStore("seen"), Serdes.String(), Serdes.Long()));
-    b.table(
-        a.get("table"),
-        Consumed.with(Serdes.String(), Serdes.String()),
-        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users")
-            .withKeySerde(Serdes.String())
-            .withValueSerde(Serdes.String()));
+    org.apache.kafka.streams.kstream.GlobalKTable<String, String> users =
+        b.globalTable(
+            a.get("table"),
+            Consumed.with(Serdes.String(), Serdes.String()),
+            Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("users")
+                .withKeySerde(Serdes.String())
+                .withValueSerde(Serdes.String()));
     b.stream(
             java.util.Arrays.asList(a.get("input").split(",")),
             Consumed.with(Serdes.String(), Serdes.ByteArray()))
@@ -328,7 +285,7 @@ public final class KStreamsBench {
         .process(() -> new Dedupe5(within), "seen")
         .groupBy(
             (k, v) -> payment5(v).user, Grouped.with("per-user", Serdes.String(), Serdes.ByteArray()))
-        .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMinutes(10), Duration.ofHours(1)))
+        .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMinutes(10), Duration.ofHours(24)))
         .aggregate(
             () -> new Agg(0, 0),
             (k, v, agg) -> agg.add(payment5(v).amount),
@@ -336,7 +293,23 @@ public final class KStreamsBench {
                 .withKeySerde(Serdes.String())
                 .withValueSerde(aggSerde()))
         .toStream()
-        .processValues(UserRow::new, "users")
+        .leftJoin(
+            users,
+            (w, agg) -> w.key(),
+            (w, agg, row) ->
+                "{\"value\":{\"key\":"
+                    + quote(w.key())
+                    + ",\"windowStart\":"
+                    + w.window().start()
+                    + ",\"windowEnd\":"
+                    + w.window().end()
+                    + ",\"count\":"
+                    + agg.count
+                    + ",\"total\":"
+                    + agg.total
+                    + "},\"other\":"
+                    + (row == null ? "null" : row)
+                    + "}")
         .map((w, v) -> KeyValue.pair(w.key(), v))
         .to(a.get("output"), Produced.with(Serdes.String(), Serdes.String()));
     return b.build();
