@@ -59,6 +59,7 @@ pub(crate) fn decode_join_stream(
     env: &Env,
     msg: &SourceMessage<'_>,
     now: i64,
+    partitions: u32,
 ) -> Result<(Json, Json, i64), (String, StepError)> {
     let bad = |e: String| ("deserialize".to_string(), StepError::Record(e));
     let key = match msg.key.map(std::str::from_utf8) {
@@ -71,6 +72,9 @@ pub(crate) fn decode_join_stream(
             )));
         }
     };
+    if let Some(k) = msg.key {
+        co_partitioned("joined stream", msg, k, partitions).map_err(bad)?;
+    }
     let value = decode(msg.value, j.value_format)
         .map_err(|e| bad(format!("failed to decode value: {e}")))?;
     let input = Input {
@@ -101,4 +105,27 @@ pub(crate) fn decode_repartitioned(
     };
     let value = decode(msg.value, RecordFormat::Json).map_err(|e| bad("value", e))?;
     Ok((key, value, msg.timestamp.unwrap_or(now)))
+}
+
+/// A joined stream's record is where murmur2 puts its key: otherwise the other side's
+/// records of that key are in another task, and the join would silently miss them. The error names the reason, the topic and both
+/// partitions.
+pub(crate) fn co_partitioned(
+    what: &str,
+    msg: &SourceMessage<'_>,
+    key: &[u8],
+    partitions: u32,
+) -> Result<(), String> {
+    let want = crate::query::partition_for(oxbow_crds::Partitioner::Murmur2, key, partitions);
+    if want == Some(msg.partition as u32) {
+        return Ok(());
+    }
+    Err(format!(
+        "{}: a record of {what} {:?} with key {:?} is in partition {}, but the default (murmur2) partitioner puts that key in partition {}: its producers must use murmur2 (the Java clients' default; librdkafka's is consistent_random), or the join misses the other side's records",
+        crate::task::NOT_PARTITIONED_AS_DECLARED,
+        msg.topic,
+        String::from_utf8_lossy(key),
+        msg.partition,
+        want.map_or("?".into(), |p| p.to_string())
+    ))
 }

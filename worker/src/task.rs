@@ -253,7 +253,10 @@ impl Task {
         }
         // A joined stream's records enter the steps at their join.
         let (from, (key, value, timestamp)) = match app.join_streams.get(msg.topic) {
-            Some(j) => (j.step, decode_join_stream(j, env, msg, now)?),
+            Some(j) => (
+                j.step,
+                decode_join_stream(j, env, msg, now, self.partitions)?,
+            ),
             None if self.id.stage == 0 => (0, self.decode_source(app, env, msg, now)?),
             None => (0, decode_repartitioned(msg, now)?),
         };

@@ -498,6 +498,79 @@ fn a_topic_expression_naming_a_missing_topic_dead_letters_the_record_with_the_to
     }
 }
 
+/// A joined stream's record on a partition murmur2 does not give its key would never
+/// meet the other side's records of that key: it goes to the error policy with the
+/// reason, instead of silently joining nothing.
+#[test]
+fn a_joined_stream_record_on_the_wrong_partition_is_dead_lettered() {
+    let app = unique("wrongpart");
+    let (imps, clicks, sink) = (
+        format!("{app}-impressions"),
+        format!("{app}-clicks"),
+        format!("{app}-out"),
+    );
+    for t in [&imps, &clicks, &sink] {
+        create_topic(t, PARTITIONS);
+    }
+    let right = oxbow_worker::query::partition_for(
+        oxbow_crds::Partitioner::Murmur2,
+        b"ad-1",
+        PARTITIONS as u32,
+    )
+    .unwrap() as i32;
+    produce(
+        &imps,
+        vec![Input::json("ad-1", json!({"id": "imp-0"})).at(1_000)],
+    );
+    produce(
+        &clicks,
+        vec![
+            Input::json("ad-1", json!({"id": "click-0"})).at(1_000),
+            Input::json("ad-1", json!({"id": "click-1"}))
+                .at(1_000)
+                .partition((right + 1) % PARTITIONS),
+        ],
+    );
+    let manifest = exactly_once_app(
+        &app,
+        &format!(
+            r#"
+  source: {{topics: [{imps}]}}
+  steps:
+  - join: {{stream: {{topic: {clicks}}}, key: key, within: 1s}}
+  sink: {{topic: {sink}}}
+"#
+        ),
+    );
+    let dir = scratch_dir(&app);
+    let mut w = WorkerBuilder::new(manifest, &dir.join("state")).spawn();
+    w.wait_ready(Duration::from_secs(90));
+    let dead = read_until(
+        &format!("{app}-dlq"),
+        "read_committed",
+        "the misplaced click dead-lettered",
+        Duration::from_secs(60),
+        |d| !d.is_empty(),
+    );
+    assert_eq!(dead.len(), 1, "only the misplaced click");
+    let reason = &dead[0].headers["oxbow.error"];
+    assert!(
+        reason.starts_with("NotPartitionedAsDeclared")
+            && reason.contains(&format!("partition {}", (right + 1) % PARTITIONS))
+            && reason.contains(&format!("puts that key in partition {right}")),
+        "{reason}"
+    );
+    let out = read_until(
+        &sink,
+        "read_committed",
+        "the join of the placed click",
+        Duration::from_secs(60),
+        |o| !o.is_empty(),
+    );
+    assert_eq!(out[0].json()["other"]["id"], "click-0");
+    w.stop();
+}
+
 /// One side's record in the stream–stream join test: id, join key (the ad), event time.
 #[derive(Debug, Clone)]
 struct Ev {
