@@ -97,34 +97,63 @@ fn want_limit(i: i64, generation: i64) -> i64 {
     }
 }
 
-#[test]
-fn a_stream_keyed_differently_from_its_table_is_joined_with_the_latest_row_through_kills() {
-    let app = unique("join");
+/// Two workers of the co-partitioned join under `guarantee`, running, with the join's
+/// stage having read the first limits.
+struct JoinFleet {
+    app: String,
+    input: String,
+    table: String,
+    sink: String,
+    dir: std::path::PathBuf,
+    fleet: Fleet,
+}
+
+fn start_join_fleet(prefix: &str, guarantee: &str) -> JoinFleet {
+    let app = unique(prefix);
     let (input, table, sink) = (
         format!("{app}-payments"),
         format!("{app}-users"),
         format!("{app}-out"),
     );
-    create_topic(&input, PARTITIONS);
-    create_topic(&table, PARTITIONS);
-    create_topic(&sink, PARTITIONS);
+    for t in [&input, &table, &sink] {
+        create_topic(t, PARTITIONS);
+    }
     produce(&table, limits(1));
-    let manifest = join_manifest(&app, &input, &table, &sink, false);
+    let manifest = app_manifest(&app, guarantee, &join_spec(&input, &table, &sink, false));
     let dir = scratch_dir(&app);
     let mut fleet = Fleet::new(&manifest, &dir, 2, true);
-    assert_eq!(
-        fleet.builders[0].repartition_topics(),
-        vec![(1, format!("{app}-join-users-repartition"))],
-        "payments keyed by txId are repartitioned by userId before the join"
-    );
     fleet.start_missing();
-    // The join's stage has read the first limits.
     wait_stage_committed(
         &mut fleet.running(),
         1,
         &table,
         &end_offsets(&table),
         Duration::from_secs(60),
+    );
+    JoinFleet {
+        app,
+        input,
+        table,
+        sink,
+        dir,
+        fleet,
+    }
+}
+
+#[test]
+fn a_stream_keyed_differently_from_its_table_is_joined_with_the_latest_row_through_kills() {
+    let JoinFleet {
+        app,
+        input,
+        table,
+        sink,
+        dir,
+        mut fleet,
+    } = start_join_fleet("join", "exactly_once");
+    assert_eq!(
+        fleet.builders[0].repartition_topics(),
+        vec![(1, format!("{app}-join-users-repartition"))],
+        "payments keyed by txId are repartitioned by userId before the join"
     );
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -242,31 +271,12 @@ fn a_stream_keyed_differently_from_its_table_is_joined_with_the_latest_row_throu
 /// payment comes out, each time with its user's row.
 #[test]
 fn at_least_once_every_payment_is_joined_with_its_row_through_kills() {
-    let app = unique("ajoin");
-    let (input, table, sink) = (
-        format!("{app}-payments"),
-        format!("{app}-users"),
-        format!("{app}-out"),
-    );
-    create_topic(&input, PARTITIONS);
-    create_topic(&table, PARTITIONS);
-    create_topic(&sink, PARTITIONS);
-    produce(&table, limits(1));
-    let manifest = app_manifest(
-        &app,
-        "at_least_once",
-        &join_spec(&input, &table, &sink, false),
-    );
-    let dir = scratch_dir(&app);
-    let mut fleet = Fleet::new(&manifest, &dir, 2, true);
-    fleet.start_missing();
-    wait_stage_committed(
-        &mut fleet.running(),
-        1,
-        &table,
-        &end_offsets(&table),
-        Duration::from_secs(60),
-    );
+    let JoinFleet {
+        input,
+        sink,
+        mut fleet,
+        ..
+    } = start_join_fleet("ajoin", "at_least_once");
     let n = 400;
     let producer = {
         let input = input.clone();

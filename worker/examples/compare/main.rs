@@ -117,13 +117,30 @@ impl Bench {
 
     /// Runs `s` over `input` until it has committed `ends`: (seconds, peak RSS, CPU s).
     fn throughput(&self, s: &Spec, ends: &[i64]) -> Result<(f64, f64, f64), String> {
+        self.measure(s, ends, |_, _, committed| Ok(committed))
+    }
+
+    /// Runs `s` until it has committed `ends` of its first input, then until `finish`
+    /// (given the process, the group's offsets reader and when the input was committed)
+    /// says when the run ended: (seconds from running to then, peak RSS, CPU s).
+    fn measure(
+        &self,
+        s: &Spec,
+        ends: &[i64],
+        finish: impl FnOnce(
+            &mut engine::Proc,
+            &rdkafka::consumer::BaseConsumer,
+            Instant,
+        ) -> Result<Instant, String>,
+    ) -> Result<(f64, f64, f64), String> {
         let mut p = spawn(&self.setup, s);
         let res = (|| {
             let t0 = p.wait_running(Duration::from_secs(600))?;
             let cpu0 = cpu_seconds(p.pid());
             let reader = self.k.offsets_reader(&s.app);
             let input = s.input.split(',').next().unwrap_or_default();
-            let t1 = wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
+            let committed = wait_committed(&reader, input, ends, LONG, &mut || p.alive())?;
+            let t1 = finish(&mut p, &reader, committed)?;
             Ok((
                 (t1 - t0).as_secs_f64(),
                 peak_rss_mib(p.pid()),

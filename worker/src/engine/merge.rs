@@ -15,7 +15,7 @@
 //! queues and the idle rule. Must not touch: what a record means (the task) or offsets
 //! (a buffered record is not processed, so its offset is not committed).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::replay::Origin;
@@ -54,7 +54,8 @@ impl Buffered {
 /// The queues of one task, one per input topic, in the stage's input order.
 #[derive(Debug, Default)]
 pub struct Merge {
-    queues: BTreeMap<usize, VecDeque<Buffered>>,
+    /// One queue per entry of `inputs`, in the same order.
+    queues: Vec<VecDeque<Buffered>>,
     inputs: Vec<String>,
     /// Since when some input has had nothing buffered while another had.
     waiting_since: Option<Instant>,
@@ -63,7 +64,7 @@ pub struct Merge {
 impl Merge {
     pub fn new(inputs: &[String]) -> Self {
         Self {
-            queues: (0..inputs.len()).map(|i| (i, VecDeque::new())).collect(),
+            queues: inputs.iter().map(|_| VecDeque::new()).collect(),
             inputs: inputs.to_vec(),
             waiting_since: None,
         }
@@ -77,12 +78,12 @@ impl Merge {
 
     pub fn push(&mut self, b: Buffered) {
         if let Some(i) = self.inputs.iter().position(|t| *t == b.topic) {
-            self.queues.entry(i).or_default().push_back(b);
+            self.queues[i].push_back(b);
         }
     }
 
     pub fn len(&self) -> usize {
-        self.queues.values().map(VecDeque::len).sum()
+        self.queues.iter().map(VecDeque::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -97,7 +98,7 @@ impl Merge {
             self.waiting_since = None;
             return None;
         }
-        if self.queues.values().any(VecDeque::is_empty) {
+        if self.queues.iter().any(VecDeque::is_empty) {
             let since = *self.waiting_since.get_or_insert(now);
             if now.duration_since(since) < MAX_IDLE {
                 return None;
@@ -105,12 +106,13 @@ impl Merge {
         } else {
             self.waiting_since = None;
         }
-        let (&i, _) = self
+        let (i, _) = self
             .queues
             .iter()
+            .enumerate()
             .filter_map(|(i, q)| q.front().map(|b| (i, b.timestamp.unwrap_or(i64::MIN))))
-            .min_by_key(|&(i, ts)| (ts, *i))?;
-        self.queues.get_mut(&i).and_then(VecDeque::pop_front)
+            .min_by_key(|&(i, ts)| (ts, i))?;
+        self.queues[i].pop_front()
     }
 }
 

@@ -325,7 +325,7 @@ impl Queries {
     async fn global_row(&self, lookup: &Lookup) -> Answer {
         let status = self.shared.snapshot();
         let me = Self::me(&self.shared.routing(), status.as_ref());
-        let mut body = json!({ "store": lookup.store, "key": lookup.key, "servedBy": me });
+        let body = json!({ "store": lookup.store, "key": lookup.key, "servedBy": me });
         let Some(globals) = self.shared.globals.read().ok().and_then(|g| g.clone()) else {
             return Answer::error(
                 503,
@@ -345,19 +345,7 @@ impl Queries {
         })
         .await;
         match read {
-            Ok(Ok(found)) => {
-                if let Some(o) = body.as_object_mut() {
-                    o.insert("found".into(), json!(found.is_some()));
-                    if let Some(Json::Object(fields)) = &found {
-                        o.extend(fields.clone());
-                    }
-                }
-                Answer {
-                    status: if found.is_some() { 200 } else { 404 },
-                    body,
-                    retry_after: None,
-                }
-            }
+            Ok(Ok(found)) => found_answer(body, found),
             Ok(Err(e)) => Answer::error(500, e.to_string(), body),
             Err(e) => Answer::error(500, QueryError::from(e).to_string(), body),
         }
@@ -399,21 +387,13 @@ impl Queries {
         match read {
             Ok(found) => {
                 if let Some(o) = body.as_object_mut() {
-                    o.insert("found".into(), json!(found.is_some()));
                     o.insert("role".into(), json!(role));
                     o.insert("stale".into(), json!(stale.is_some()));
                     if let Some(lag) = stale {
                         o.insert("lagRecords".into(), json!(lag));
                     }
-                    if let Some(Json::Object(fields)) = &found {
-                        o.extend(fields.clone());
-                    }
                 }
-                Answer {
-                    status: if found.is_some() { 200 } else { 404 },
-                    body,
-                    retry_after: None,
-                }
+                found_answer(body, found)
             }
             Err(e) => Answer::error(500, e.to_string(), body),
         }
@@ -496,4 +476,20 @@ fn restoring(
     );
     a.retry_after = Some(retry_after);
     a
+}
+
+/// A point lookup's answer: `body` with `found` and the entry's fields; 200, or 404.
+fn found_answer(mut body: Json, found: Option<Json>) -> Answer {
+    let status = if found.is_some() { 200 } else { 404 };
+    if let Some(o) = body.as_object_mut() {
+        o.insert("found".into(), json!(found.is_some()));
+        if let Some(Json::Object(fields)) = found {
+            o.extend(fields);
+        }
+    }
+    Answer {
+        status,
+        body,
+        retry_after: None,
+    }
 }

@@ -28,7 +28,7 @@ use oxbow_crds::{JoinStep, JoinStream, JoinType, StoreName};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use super::{CompileError, advance_stream_time, input, keys, millis};
+use super::{CompileError, input, keys, millis};
 use crate::expr::{Expr, Input};
 use crate::processor::{Context, Processor, Record, StepError};
 
@@ -270,8 +270,11 @@ impl Processor for StreamJoin {
             tracing::debug!(step = %self.name, key = %key, ts = r.timestamp, "late record dropped");
             return Ok(());
         }
-        // `before` is the stored stream time; none yet means none (not this record's).
-        let now = advance_stream_time(ctx, &self.store, r.timestamp, before.unwrap_or(i64::MIN))?;
+        // One read of the stored stream time serves both the late check and the advance.
+        let now = before.map_or(r.timestamp, |st| st.max(r.timestamp));
+        if before != Some(now) {
+            ctx.put(&self.store, keys::STREAM_TIME, keys::encode_time(now));
+        }
         let other_side = side.other();
         let mut others = Self::load(ctx, &self.store, other_side, &key)?;
         let mut matched = false;
