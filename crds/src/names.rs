@@ -106,12 +106,34 @@ impl std::fmt::Display for StoreName {
 }
 
 impl StreamApp {
-    /// `spec.applicationId`, defaulting to the object's name.
+    /// `spec.applicationId`; else the id recorded in `status.applicationId`; else, for an
+    /// app an earlier operator reconciled (a status without the field), its name; else
+    /// `<namespace>.<name>` (the name alone for a standalone manifest without one), so
+    /// same-named apps in two namespaces never share topics, group or transactional ids.
     pub fn application_id(&self) -> String {
-        self.spec
-            .application_id
-            .clone()
-            .unwrap_or_else(|| self.name_any())
+        if let Some(id) = &self.spec.application_id {
+            return id.clone();
+        }
+        if let Some(st) = &self.status {
+            if let Some(id) = &st.application_id {
+                return id.clone();
+            }
+            if st.observed_generation.is_some() {
+                return self.name_any();
+            }
+        }
+        match self.metadata.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => format!("{ns}.{}", self.name_any()),
+            _ => self.name_any(),
+        }
+    }
+
+    /// `spec.applicationId` names another id than the one in force: the operator refuses
+    /// to act on it (renaming would orphan the state). `None` when they agree.
+    pub fn application_id_change(&self) -> Option<(String, String)> {
+        let wanted = self.spec.application_id.as_ref()?;
+        let in_force = self.status.as_ref()?.application_id.as_ref()?;
+        (wanted != in_force).then(|| (in_force.clone(), wanted.clone()))
     }
 
     pub fn consumer_group(&self) -> String {
@@ -169,4 +191,61 @@ pub fn changelog_topic(application_id: &str, store: &StoreName) -> String {
 /// The internal topic in front of a keyed step that repartitions (Kafka Streams' name).
 pub fn repartition_topic(application_id: &str, step: &str) -> String {
     format!("{application_id}-{step}-repartition")
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::streamapp::{StreamApp, StreamAppStatus};
+
+    fn app(ns: Option<&str>, id: Option<&str>, status: Option<StreamAppStatus>) -> StreamApp {
+        let mut a: StreamApp = serde_yaml::from_str(
+            "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {name: orders}\nspec:\n  kafka: {bootstrapServers: 'k:9092'}\n  source: {topics: [in]}\n",
+        )
+        .expect("manifest");
+        a.metadata.namespace = ns.map(Into::into);
+        a.spec.application_id = id.map(Into::into);
+        a.status = status;
+        a
+    }
+
+    #[test]
+    fn the_default_application_id_is_namespaced_and_never_changes_for_a_running_app() {
+        assert_eq!(
+            app(Some("team-a"), None, None).application_id(),
+            "team-a.orders"
+        );
+        assert_eq!(
+            app(None, None, None).application_id(),
+            "orders",
+            "standalone"
+        );
+        assert_eq!(app(Some("team-a"), Some("x"), None).application_id(), "x");
+        let recorded = StreamAppStatus {
+            observed_generation: Some(4),
+            application_id: Some("kept".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            app(Some("team-a"), None, Some(recorded.clone())).application_id(),
+            "kept"
+        );
+        // Reconciled by an operator from before the namespaced default: its name.
+        let legacy = StreamAppStatus {
+            observed_generation: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(
+            app(Some("team-a"), None, Some(legacy)).application_id(),
+            "orders"
+        );
+        // Written down once, as the id in force: no change; as another id: a change.
+        assert_eq!(
+            app(Some("team-a"), Some("kept"), Some(recorded.clone())).application_id_change(),
+            None
+        );
+        assert_eq!(
+            app(Some("team-a"), Some("new"), Some(recorded)).application_id_change(),
+            Some(("kept".into(), "new".into()))
+        );
+    }
 }

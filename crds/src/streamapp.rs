@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.replicas == 0 || self.standbyReplicas < self.replicas").message("standbyReplicas must be less than replicas: a standby needs a pod other than its active's"))]
-#[x_kube(validation = Rule::new("has(oldSelf.applicationId) == has(self.applicationId) && (!has(self.applicationId) || self.applicationId == oldSelf.applicationId)").message("applicationId is immutable: it names the consumer group, the changelog topics and the transactional ids; create a new StreamApp instead"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.applicationId) || (has(self.applicationId) && self.applicationId == oldSelf.applicationId)").message("applicationId is immutable once set: it names the consumer group, the changelog topics and the transactional ids; create a new StreamApp instead"))]
 #[x_kube(validation = Rule::new("self.errors.policy != 'deadLetter' || !has(self.errors.topic) || !self.source.topics.exists(t, t == self.errors.topic)").message("errors.topic must not be a source topic: dead letters would be read back as input"))]
 #[x_kube(validation = Rule::new("!has(self.sink) || !self.source.topics.exists(t, t == self.sink.topic)").message("sink.topic must not be a source topic: output would be read back as input"))]
 #[x_kube(validation = Rule::new("!has(self.sink) || !has(self.errors.topic) || self.errors.topic != self.sink.topic").message("errors.topic must not be the sink topic: dead letters would be mixed into the output"))]
@@ -51,8 +51,11 @@ pub struct StreamAppSpec {
     pub image: Option<String>,
 
     /// Names the consumer group, the changelog topics (`<applicationId>-<store>-changelog`)
-    /// and the transactional ids (`<applicationId>-<task>`). Defaults to metadata.name.
-    /// Immutable.
+    /// and the transactional ids (`<applicationId>-<task>`). Defaults to
+    /// `<namespace>.<name>` (apps created before that default keep `<name>`, recorded in
+    /// `status.applicationId`). It may be set once, to the id in force, and is then
+    /// immutable. One StreamApp per Kafka cluster owns an id: a second one goes `Stalled`
+    /// with reason `ApplicationIdConflict`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 170))]
     #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z0-9._-]+$') && size(self) <= 170").message("applicationId may use letters, digits, '.', '_' and '-' (at most 170): it becomes part of Kafka topic names, which Kafka limits to 249 characters"))]
@@ -60,6 +63,13 @@ pub struct StreamAppSpec {
 
     /// How to reach Kafka.
     pub kafka: KafkaSpec,
+
+    /// Take over changelog, repartition and dead-letter topics that already exist under
+    /// this app's names but were not created by Oxbow for it (for example after a
+    /// migration from Kafka Streams). Without it such a topic stalls the app with reason
+    /// `TopicNotOwned`: Oxbow alters and deletes only topics it created or adopted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt_existing_topics: bool,
 
     /// `exactly_once`: output, changelog and offsets commit in one Kafka transaction per
     /// task. `at_least_once`: flush, then commit offsets; faster, may repeat output.
@@ -730,6 +740,10 @@ pub struct StreamAppStatus {
     /// The generation the operator last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The application id in force, recorded at the first reconciliation so a later
+    /// change of the default never renames a running app's topics and group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application_id: Option<String>,
     /// Ready, Reconciling, Stalled (kstatus) and the detail conditions TopicsReady,
     /// TasksAssigned, WorkloadReady, Restored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -916,10 +916,10 @@ spec:
         );
         assert_eq!(
             a.changelog_topic(&StoreName("seen".into())),
-            "fraud-seen-changelog"
+            "ns.fraud-seen-changelog"
         );
-        assert_eq!(a.dead_letter_topic().as_deref(), Some("fraud-dlq"));
-        assert_eq!(a.transactional_id(crate::TaskId::new(1, 3)), "fraud-1_3");
+        assert_eq!(a.dead_letter_topic().as_deref(), Some("ns.fraud-dlq"));
+        assert_eq!(a.transactional_id(crate::TaskId::new(1, 3)), "ns.fraud-1_3");
     }
 
     #[test]

@@ -172,7 +172,7 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
     let api: Api<StreamApp> = Api::namespaced(client.clone(), &n);
 
     // 1. At 0 replicas the operator creates the changelog; fill it with the state.
-    let changelog = changelog_topic(&name, &StoreName("totals".into()));
+    let changelog = changelog_topic(&format!("{n}.{name}"), &StoreName("totals".into()));
     wait_for(
         "the operator to create the changelog topic",
         Duration::from_secs(60),

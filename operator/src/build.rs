@@ -117,9 +117,13 @@ pub fn render_config(app: &StreamApp) -> Result<String, BuildError> {
             "standbyReplicas",
             "deletionPolicy",
             "driftPolicy",
+            "adoptExistingTopics",
         ] {
             o.remove(k);
         }
+        // The id in force (it may come from status or the default): the worker's group,
+        // changelogs and transactional ids must be the operator's.
+        o.insert("applicationId".into(), json!(app.application_id()));
     }
     let doc = json!({
         "apiVersion": "oxbow.dev/v1alpha1",

@@ -2,7 +2,12 @@
 //! [`apply`] and [`cleanup`], which run in steps: dereference (reads) → validate (pure)
 //! → build (pure) → apply children and topics (writes, in a commented order) → status.
 
+mod claim;
+mod cleanup;
+mod internal_topics;
+
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,15 +27,17 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use oxbow_crds::assignment::Params;
 use oxbow_crds::validate::{join_partitions, task_count, validate_app};
-use oxbow_crds::{Retention, StreamApp, StreamAppStatus, TopicStatus};
+use oxbow_crds::{StreamApp, StreamAppStatus};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::build::{self, APP_LABEL, BuildContext, BuildError, Children};
+use crate::claims::{Claims, ClaimsError};
 use crate::metrics::Metrics;
 use crate::placement::{self, PlacementConfig, Plan};
 use crate::status::{self, StatusInput, Verdict, WorkloadFacts, reason};
-use crate::topics::{self, KafkaAdmin, TopicAction, TopicError};
+use crate::topics::{KafkaAdmin, TopicError};
+use claim::Ownership;
 
 pub const FINALIZER: &str = "oxbow.dev/cleanup";
 pub const FIELD_MANAGER: &str = "oxbow-operator";
@@ -88,6 +95,8 @@ pub enum Error {
     BuildChildren(#[from] BuildError),
     #[error(transparent)]
     Topics(#[from] TopicError),
+    #[error(transparent)]
+    Claims(#[from] ClaimsError),
     #[error("failed to clean up before deletion: {0}")]
     Cleanup(String),
     #[error("failed to run the finalizer: {0}")]
@@ -104,6 +113,7 @@ impl Error {
             Error::BuildChildren(_) => "BuildChildren",
             Error::Topics(TopicError::KafkaUnreachable { .. }) => "KafkaUnreachable",
             Error::Topics(_) => "Topics",
+            Error::Claims(_) => "Claims",
             Error::Cleanup(_) => "Cleanup",
             Error::Finalizer(_) => "Finalizer",
         }
@@ -122,7 +132,10 @@ pub struct Context {
     pub resync: Duration,
     /// Failover timeout and warm-up bound of task placement.
     pub placement: PlacementConfig,
-    admins: Mutex<HashMap<String, Arc<KafkaAdmin>>>,
+    /// The compacted topic, in each Kafka cluster, that records who owns which
+    /// application id and topic ([`crate::ownership`]).
+    pub claims_topic: String,
+    clusters: Mutex<HashMap<String, Arc<Cluster>>>,
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
 }
 
@@ -147,29 +160,38 @@ impl Context {
             cleanup_timeout,
             resync,
             placement,
-            admins: Mutex::default(),
+            claims_topic: crate::ownership::DEFAULT_CLAIMS_TOPIC.into(),
+            clusters: Mutex::default(),
             failures: Mutex::default(),
         }
     }
 
-    /// One admin client per Kafka cluster and client configuration, reused. `secret`
+    /// One set of clients per Kafka cluster and client configuration, reused. `secret`
     /// holds the properties of `spec.kafka.secretRef`, read beforehand.
-    fn admin(
+    fn cluster(
         &self,
         app: &StreamApp,
         secret: &BTreeMap<String, String>,
-    ) -> Result<Arc<KafkaAdmin>, TopicError> {
+    ) -> Result<Arc<Cluster>, Error> {
         let k = &app.spec.kafka;
         let mut properties = k.properties.clone();
         properties.extend(secret.clone());
         let key = format!("{}|{:?}", k.bootstrap_servers, properties);
-        let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = admins.get(&key) {
-            return Ok(a.clone());
+        let mut clusters = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = clusters.get(&key) {
+            return Ok(c.clone());
         }
-        let a = Arc::new(KafkaAdmin::new(&k.bootstrap_servers, &properties)?);
-        admins.insert(key, a.clone());
-        Ok(a)
+        let c = Arc::new(Cluster {
+            admin: KafkaAdmin::new(&k.bootstrap_servers, &properties)?,
+            claims: Arc::new(Claims::new(
+                &self.claims_topic,
+                &k.bootstrap_servers,
+                &properties,
+            )?),
+            claims_topic_ready: AtomicBool::new(false),
+        });
+        clusters.insert(key, c.clone());
+        Ok(c)
     }
 
     async fn event(&self, app: &StreamApp, type_: EventType, reason: &str, note: String) {
@@ -186,6 +208,27 @@ impl Context {
     }
 }
 
+/// The clients of one Kafka cluster.
+pub struct Cluster {
+    pub admin: KafkaAdmin,
+    pub claims: Arc<Claims>,
+    claims_topic_ready: AtomicBool,
+}
+
+impl Cluster {
+    /// Creates the claims topic unless this operator already saw it.
+    async fn ensure_claims_topic(&self) -> Result<(), TopicError> {
+        if self.claims_topic_ready.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.admin
+            .create(&crate::claims::wanted(self.claims.topic()))
+            .await?;
+        self.claims_topic_ready.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// Thin: span, metrics timer, finalizer.
 #[tracing::instrument(skip_all, fields(streamapp = %app.name_any(), namespace = ?app.namespace()))]
 pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -195,7 +238,7 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action,
     let result = finalizer(&api, FINALIZER, app.clone(), |event| async {
         match event {
             Finalizer::Apply(app) => apply(&app, &ctx).await,
-            Finalizer::Cleanup(app) => cleanup(&app, &ctx).await,
+            Finalizer::Cleanup(app) => cleanup::cleanup(&app, &ctx).await,
         }
     })
     .await
@@ -357,68 +400,6 @@ where
     Ok(())
 }
 
-/// Topics: create what is missing, grow partitions, correct or report drift.
-async fn reconcile_topics(
-    app: &StreamApp,
-    admin: &KafkaAdmin,
-    tasks: i32,
-    ctx: &Context,
-) -> Result<Vec<TopicStatus>, Error> {
-    let wanted = topics::wanted_topics(app, tasks);
-    let actual = admin.describe(&wanted).await?;
-    let mut statuses = Vec::new();
-    for w in &wanted {
-        let a = actual.get(&w.name);
-        let plan = topics::plan(w, a, app.spec.drift_policy);
-        let mut st = topics::topic_status(w, a, &plan);
-        for action in &plan.actions {
-            match action {
-                TopicAction::None => {}
-                TopicAction::Create => {
-                    admin.create(w).await?;
-                    st.message = Some("created".into());
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        event_reason::TOPIC_CREATED,
-                        format!("created topic {} with {} partitions", w.name, w.partitions),
-                    )
-                    .await;
-                }
-                TopicAction::AddPartitions(n) => {
-                    admin.add_partitions(&w.name, *n).await?;
-                    st.message = Some(format!("grown to {n} partitions"));
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        event_reason::TOPIC_PARTITIONS_ADDED,
-                        format!("topic {} grown to {n} partitions", w.name),
-                    )
-                    .await;
-                }
-                TopicAction::AlterConfigs(cfg) => {
-                    admin.alter_configs(&w.name, cfg).await?;
-                    let what = cfg
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    st.message = Some(format!("corrected {what}"));
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        event_reason::TOPIC_CONFIG_CORRECTED,
-                        format!("topic {}: set {what}", w.name),
-                    )
-                    .await;
-                }
-            }
-        }
-        statuses.push(st);
-    }
-    Ok(statuses)
-}
-
 /// `sts_replicas`: the size the StatefulSet should have (above `spec.replicas` while
 /// pods drain); `pods`: the worker pods that exist.
 fn workload_facts(
@@ -507,8 +488,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let secret = kafka_secret(app, ctx).await?;
     let mut source_problem = None;
     // A client config librdkafka refuses (a misspelt property) is a spec problem.
-    let admin = match ctx.admin(app, secret.as_ref().unwrap_or(&BTreeMap::new())) {
-        Ok(a) => Some(a),
+    let cluster = match ctx.cluster(app, secret.as_ref().unwrap_or(&BTreeMap::new())) {
+        Ok(c) => Some(c),
         Err(e) => {
             source_problem = Some(Verdict::stalled(
                 reason::INVALID_KAFKA_PROPERTIES,
@@ -520,11 +501,18 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     // The sources, the tables and joined streams: all but global tables are co-partitioned.
     let mut read_topics = app.spec.source.topics.clone();
     read_topics.extend(oxbow_crds::validate::join_topics(&app.spec));
-    let source_counts = match &admin {
-        Some(a) => a.partition_counts(&read_topics).await,
+    let source_counts = match &cluster {
+        Some(c) => c.admin.partition_counts(&read_topics).await,
         None => Ok(BTreeMap::new()),
     };
     let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let sts = sts_api
+        .get_opt(&name)
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "StatefulSet".into(),
+            source,
+        })?;
     let pods = worker_pods(app, ctx).await?;
     let cm_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
     let assignment_cm = cm_api
@@ -567,7 +555,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             None
         }
     };
-    let invalid = (!spec_errors.is_empty()).then(|| {
+    let mut invalid = (!spec_errors.is_empty()).then(|| {
         let reason = reason::of(&spec_errors[0]);
         let msg = spec_errors
             .iter()
@@ -576,6 +564,47 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .join("; ");
         Verdict::stalled(reason, format!("invalid spec: {msg}"))
     });
+    if let (None, Some((in_force, wanted))) = (&invalid, app.application_id_change()) {
+        invalid = Some(Verdict::stalled(
+            reason::APPLICATION_ID_CHANGED,
+            format!(
+                "spec.applicationId is {wanted} but the app runs as {in_force} (status.applicationId): changing it would orphan the state, the group and the topics; set it back to {in_force}, or create a new StreamApp"
+            ),
+        ));
+    }
+
+    // --- own: claim the application id on this Kafka cluster before anything is rolled
+    // out. Two apps with one id would share changelogs, group and transactional ids.
+    let mut claims_error = None;
+    let ownership = match &cluster {
+        Some(c) if invalid.is_none() && kafka_error.is_none() => {
+            match c.ensure_claims_topic().await {
+                Ok(()) => Some(claim::claim(app, &c.claims).await),
+                Err(e) => {
+                    kafka_error = Some(e);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let view = match ownership {
+        Some(Ownership::Owned(view)) => Some(view),
+        Some(Ownership::Conflict(owner)) => {
+            invalid = Some(Verdict::stalled(
+                reason::APPLICATION_ID_CONFLICT,
+                claim::conflict_message(app, &owner),
+            ));
+            None
+        }
+        Some(Ownership::Unknown(e)) => {
+            if kafka_error.is_none() {
+                claims_error = Some(e);
+            }
+            None
+        }
+        None => None,
+    };
 
     // --- place (pure): who runs which task, and how large the StatefulSet must stay.
     let previous = app.status.clone().unwrap_or_default();
@@ -596,8 +625,34 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         tracing::warn!(configmap = %app.assignment_config_map_name(), %why, "ignoring an unreadable assignment");
         None
     });
-    let plan: Option<Plan> = match tasks {
-        Some(n) if invalid.is_none() && source_problem.is_none() => Some(placement::plan(
+    // The task count in force: it fixes which keys each task's state holds. A source that
+    // gained partitions would move keys to tasks that start empty: stall instead.
+    let published_tasks = published.as_ref().and_then(published_task_count);
+    if let (Some(n), Some(had), None) = (tasks, published_tasks, &source_problem)
+        && n != had
+    {
+        source_problem = Some(Verdict::stalled(
+            reason::SOURCE_PARTITIONS_CHANGED,
+            format!(
+                "the source topics have {n} partitions but the app's state is split into {had} tasks: records of a key would go to a task that does not hold its state. Either restore {had} partitions (re-create the source topics), or start over with the new partitioning under a new StreamApp (another applicationId; it reprocesses the sources), then delete this one"
+            ),
+        ));
+    }
+    // Without the source metadata (Kafka or its Secret unreachable, or the partitions
+    // changed), placement goes on with the published task count: a dead pod's tasks
+    // still fail over.
+    let place_tasks = match &source_problem {
+        None => tasks.or(published_tasks),
+        Some(p)
+            if p.reason == reason::SOURCE_PARTITIONS_CHANGED.as_str()
+                || p.reason == reason::KAFKA_SECRET_MISSING.as_str() =>
+        {
+            published_tasks
+        }
+        Some(_) => None,
+    };
+    let plan: Option<Plan> = match place_tasks {
+        Some(n) if invalid.is_none() => Some(placement::plan(
             published.as_ref(),
             &facts,
             &previous.instances,
@@ -620,11 +675,64 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         &previous.instances,
     );
 
-    // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run. A
+    // --- topics (once the task count is known and the id is this app's), before the
+    // workload: pods must never write to a topic that is not the app's.
+    let mut topic_statuses = Vec::new();
+    let mut topics_recorded = false;
+    let topics_verdict = if let Some(e) = &kafka_error {
+        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
+    } else if let Some(e) = &claims_error {
+        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
+    } else if let Some(p) = &source_problem {
+        p.clone()
+    } else if invalid.is_some() {
+        Verdict::waiting(
+            reason::SPEC_INVALID,
+            "topics are not reconciled while the spec is invalid or the applicationId is not this app's",
+        )
+    } else if let (Some(tasks), Some(c), Some(view)) = (tasks, &cluster, &view) {
+        match internal_topics::reconcile(app, c, view, tasks, ctx).await {
+            Ok(outcome) => {
+                topic_statuses = outcome.statuses;
+                if outcome.not_owned.is_empty() {
+                    topics_recorded = true;
+                    status::topics_verdict(&topic_statuses)
+                } else {
+                    Verdict::stalled(reason::TOPIC_NOT_OWNED, outcome.not_owned.join("; "))
+                }
+            }
+            Err(Error::Topics(e)) => {
+                let reason = match &e {
+                    TopicError::KafkaUnreachable { .. } => reason::KAFKA_UNREACHABLE,
+                    _ => reason::TOPIC_OPERATION_FAILED,
+                };
+                let v = Verdict::waiting(reason, e.to_string());
+                kafka_error = Some(e);
+                v
+            }
+            Err(Error::Claims(e)) => {
+                let v = Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string());
+                claims_error = Some(e);
+                v
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        Verdict::waiting(
+            reason::TASKS_UNKNOWN,
+            "source partition counts are not known yet",
+        )
+    };
+
+    // --- build (pure) and apply. Nothing is rolled out for a spec that cannot run, for
+    // an id another app owns, or next to a topic that is not the app's. While the claims
+    // cannot be read, only a workload that already runs is kept up (it was claimed). A
     // failure here is reported in status before it is returned.
+    let owned =
+        view.is_some() || ((claims_error.is_some() || kafka_error.is_some()) && sts.is_some());
     let mut apply_error = None;
     let mut in_force = published.clone();
-    if invalid.is_none() && source_problem.is_none() {
+    if invalid.is_none() && source_problem.is_none() && owned && !topics_verdict.stalled {
         let to_publish = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment);
         let built = build::build(app, &ctx.build, sts_replicas).and_then(|children| {
             let cm = to_publish
@@ -645,6 +753,25 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             }
             Err(e) => apply_error = Some(e),
         }
+    } else if invalid.is_none()
+        && sts.is_some()
+        && let Some(a) = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment)
+    {
+        // Nothing else is rolled out, but the assignment moves on, so pods that die
+        // still hand their tasks over.
+        let published = build::assignment_config_map(app, a)
+            .map_err(Error::from)
+            .map(|cm| (cm, a));
+        match published {
+            Ok((cm, a)) => match ssa(&ctx.client, &ns, &cm).await {
+                Ok(()) => {
+                    tracing::info!(generation = a.generation, "published task assignment");
+                    in_force = Some(a.clone());
+                }
+                Err(e) => apply_error = Some(e),
+            },
+            Err(e) => apply_error = Some(e),
+        }
     }
     let apply_verdict = apply_error.as_ref().map(|e| match e {
         // The API server refused the object (invalid, or RBAC): retrying cannot help.
@@ -658,49 +785,18 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         _ => Verdict::waiting(reason::APPLY_FAILED, e.to_string()),
     });
 
-    // --- topics (only once the task count is known).
-    let mut topic_statuses = Vec::new();
-    let topics_verdict = if let Some(e) = &kafka_error {
-        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
-    } else if let Some(p) = &source_problem {
-        p.clone()
-    } else if invalid.is_some() {
-        Verdict::waiting(
-            reason::SPEC_INVALID,
-            "topics are not reconciled while the spec is invalid",
-        )
-    } else if let (Some(tasks), Some(admin)) = (tasks, &admin) {
-        match reconcile_topics(app, admin, tasks, ctx).await {
-            Ok(s) => {
-                topic_statuses = s;
-                status::topics_verdict(&topic_statuses)
-            }
-            Err(Error::Topics(e)) => {
-                let reason = match &e {
-                    TopicError::KafkaUnreachable { .. } => reason::KAFKA_UNREACHABLE,
-                    _ => reason::TOPIC_OPERATION_FAILED,
-                };
-                let v = Verdict::waiting(reason, e.to_string());
-                kafka_error = Some(e);
-                v
-            }
-            Err(e) => return Err(e),
-        }
-    } else {
-        Verdict::waiting(
-            reason::TASKS_UNKNOWN,
-            "source partition counts are not known yet",
-        )
-    };
-
     // --- status.
-    let sts = sts_api
-        .get_opt(&name)
-        .await
-        .map_err(|source| Error::ReadCluster {
-            what: "StatefulSet".into(),
-            source,
-        })?;
+    let sts = if apply_error.is_none() && invalid.is_none() {
+        sts_api
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::ReadCluster {
+                what: "StatefulSet".into(),
+                source,
+            })?
+    } else {
+        sts
+    };
     let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed);
     let live: Vec<&str> = observed
         .iter()
@@ -745,6 +841,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         .map(|c| c.reason.clone());
     let new_status = StreamAppStatus {
         observed_generation: app.metadata.generation,
+        // An app an earlier operator ran keeps reading as legacy until its topics are
+        // recorded (adopted), so a failure in between does not lose that.
+        application_id: (!internal_topics::legacy(&previous) || topics_recorded)
+            .then(|| app.application_id()),
         conditions,
         phase: Some(phase),
         replicas: workload.replicas,
@@ -797,21 +897,33 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         // Status says so; the error policy retries with back-off.
         return Err(Error::Topics(e));
     }
-    Ok(if invalid.is_some() {
-        // Only a spec change can fix it.
-        Action::await_change()
-    } else if source_problem.is_some() || stalled.is_some() {
-        // Someone may create or fix the topics: look again later.
-        Action::requeue(Duration::from_secs(30))
-    } else if placing {
-        // Workers report every few seconds; their status writes also trigger a
-        // reconciliation, this bounds the wait when they do not.
-        Action::requeue(Duration::from_secs(2))
-    } else if !ready {
-        Action::requeue(Duration::from_secs(5))
-    } else {
-        Action::requeue(ctx.resync)
-    })
+    if let Some(e) = claims_error {
+        return Err(Error::Claims(e));
+    }
+    Ok(
+        if invalid.is_some()
+            && stalled
+                .as_ref()
+                .is_some_and(|s| s.reason == reason::APPLICATION_ID_CONFLICT.as_str())
+        {
+            // The owner may be deleted: look again later.
+            Action::requeue(Duration::from_secs(30))
+        } else if invalid.is_some() {
+            // Only a spec change can fix it.
+            Action::await_change()
+        } else if source_problem.is_some() || stalled.is_some() {
+            // Someone may create or fix the topics: look again later.
+            Action::requeue(Duration::from_secs(30))
+        } else if placing {
+            // Workers report every few seconds; their status writes also trigger a
+            // reconciliation, this bounds the wait when they do not.
+            Action::requeue(Duration::from_secs(2))
+        } else if !ready {
+            Action::requeue(Duration::from_secs(5))
+        } else {
+            Action::requeue(ctx.resync)
+        },
+    )
 }
 
 async fn write_status(
@@ -836,126 +948,6 @@ async fn write_status(
     .await
     .map_err(Error::WriteStatus)?;
     Ok(())
-}
-
-/// Stops the workers, then deletes topics and the consumer group per `deletionPolicy`.
-/// `Err` says what is not done yet; the caller retries until the cleanup timeout.
-async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<(), String> {
-    let policy = &app.spec.deletion_policy;
-    // Workers first: a consumer group with live members cannot be deleted, and running
-    // producers must not write to topics being deleted.
-    let ns = app.namespace().unwrap_or_default();
-    let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    match sts_api
-        .delete(&app.worker_name(), &DeleteParams::background())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(format!("failed to delete the worker StatefulSet: {e}")),
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let running = pods
-        .list(&ListParams::default().labels(&build::selector_string(app)))
-        .await
-        .map_err(|e| format!("failed to list worker pods: {e}"))?
-        .items
-        .len();
-    if running > 0 {
-        return Err(format!("waiting for {running} worker pods to stop"));
-    }
-    let secret = kafka_secret(app, ctx)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or_default();
-    let admin = ctx.admin(app, &secret).map_err(|e| e.to_string())?;
-    if policy.topics == Retention::Delete {
-        // Names only depend on the stores and steps; the partition count does not matter.
-        let names: Vec<String> = topics::wanted_topics(app, 1)
-            .into_iter()
-            // A dead-letter topic the user named may be shared: only ours goes.
-            .filter(|t| t.role != topics::Role::DeadLetter || app.spec.errors.topic.is_none())
-            .map(|t| t.name)
-            .collect();
-        if !names.is_empty() {
-            admin
-                .delete_topics(&names)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    if policy.consumer_group == Retention::Delete {
-        admin
-            .delete_group(&app.consumer_group())
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// Cleanup before deletion, per `deletionPolicy`, bounded by `cleanup_timeout`.
-async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
-    let policy = &app.spec.deletion_policy;
-    let mut work = Vec::new();
-    if policy.topics == Retention::Delete {
-        work.push("topics");
-    }
-    if policy.consumer_group == Retention::Delete {
-        work.push("consumer group");
-    }
-    if work.is_empty() {
-        return Ok(Action::await_change());
-    }
-    // Every failure below goes through the timeout check: nothing may wedge deletion.
-    let outcome = cleanup_steps(app, ctx).await;
-    let Err(why) = outcome else {
-        ctx.event(
-            app,
-            EventType::Normal,
-            event_reason::CLEANED_UP,
-            format!("deleted {} per deletionPolicy", work.join(" and ")),
-        )
-        .await;
-        return Ok(Action::await_change());
-    };
-    let deleting_since = app
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or_else(Timestamp::now);
-    let waited = Timestamp::now().duration_since(deleting_since);
-    if (waited.as_secs().max(0) as u64) < ctx.cleanup_timeout.as_secs() {
-        return Err(Error::Cleanup(why));
-    }
-    // Never wedge a terminating namespace: say what was left behind, then let go.
-    let msg = format!(
-        "gave up deleting {} after {}s, letting the StreamApp go; remove them by hand: {why}",
-        work.join(" and "),
-        ctx.cleanup_timeout.as_secs()
-    );
-    ctx.event(
-        app,
-        EventType::Warning,
-        event_reason::CLEANUP_TIMED_OUT,
-        msg.clone(),
-    )
-    .await;
-    let mut st = app.status.clone().unwrap_or_default();
-    st.conditions.retain(|c| c.type_ != status::STALLED);
-    st.conditions
-        .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: status::STALLED.into(),
-            status: "True".into(),
-            reason: reason::CLEANUP_TIMED_OUT.as_str().into(),
-            message: msg,
-            observed_generation: app.metadata.generation,
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::now(),
-            ),
-        });
-    let _ = write_status(ctx, app, &st).await;
-    Ok(Action::await_change())
 }
 
 /// Converts raw watch events to StreamApps, dropping (and logging) objects that do not
@@ -1040,6 +1032,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             }
         })
         .await;
+}
+
+/// Tasks per stage in a published assignment (its stage-0 tasks).
+fn published_task_count(a: &oxbow_crds::assignment::Assignment) -> Option<i32> {
+    let n = a.tasks.keys().filter(|t| t.stage == 0).count();
+    (n > 0).then(|| i32::try_from(n).unwrap_or(i32::MAX))
 }
 
 /// The partition counts of the source topics alone.

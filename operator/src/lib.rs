@@ -1,9 +1,11 @@
 //! The Oxbow operator: turns `StreamApp`s into workers, topics and status.
 
 pub mod build;
+pub mod claims;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
+pub mod ownership;
 pub mod placement;
 pub mod status;
 pub mod topics;

@@ -67,6 +67,11 @@ struct RunArgs {
     /// query ports under --network-policy.
     #[arg(long, default_value = "oxbow.dev/query-client=true", value_parser = parse_label)]
     network_policy_client_label: (String, String),
+    /// The compacted topic, in each Kafka cluster, where operators record which
+    /// StreamApp owns an application id and which topics they created for it. Every
+    /// operator sharing a Kafka cluster must use the same one.
+    #[arg(long, env = "OXBOW_CLAIMS_TOPIC", default_value = oxbow_operator::ownership::DEFAULT_CLAIMS_TOPIC)]
+    claims_topic: String,
     /// json (default) or text.
     #[arg(long, env = "OXBOW_LOG_FORMAT", default_value = "json")]
     log_format: String,
@@ -123,7 +128,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("failed to connect to the Kubernetes API")?;
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("oxbow-operator-{}", std::process::id()));
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client.clone(),
         BuildContext {
             default_image: args.worker_image.clone(),
@@ -138,7 +143,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             warmup_max_lag: args.warmup_max_lag,
         },
         &identity,
-    ));
+    );
+    ctx.claims_topic = args.claims_topic.clone();
+    let ctx = Arc::new(ctx);
 
     let metrics = ctx.metrics.clone();
     let healthz = warp::path("healthz").map(|| "ok");

@@ -66,6 +66,8 @@ pub mod reason {
         STREAM_JOIN_WITHOUT_WINDOW = "StreamJoinWithoutWindow" on [super::READY, super::STALLED];
         NOT_FOR_TABLE_JOINS = "NotForTableJoins" on [super::READY, super::STALLED];
         JOIN_STREAM_TAKEN = "JoinStreamTaken" on [super::READY, super::STALLED];
+        APPLICATION_ID_CONFLICT = "ApplicationIdConflict" on [super::READY, super::STALLED];
+        APPLICATION_ID_CHANGED = "ApplicationIdChanged" on [super::READY, super::STALLED];
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
@@ -82,6 +84,8 @@ pub mod reason {
         INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
         KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
         TOPIC_OPERATION_FAILED = "TopicOperationFailed" on [super::TOPICS_READY];
+        TOPIC_NOT_OWNED = "TopicNotOwned" on [super::TOPICS_READY];
+        SOURCE_PARTITIONS_CHANGED = "SourcePartitionsChanged" on [super::TOPICS_READY];
         SPEC_INVALID = "SpecInvalid" on [super::TOPICS_READY];
         TASKS_UNKNOWN = "TasksUnknown" on [super::TOPICS_READY];
         ASSIGNED = "Assigned" on [super::TASKS_ASSIGNED];

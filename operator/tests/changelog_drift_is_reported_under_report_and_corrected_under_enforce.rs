@@ -29,7 +29,7 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
     let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
     apps::wait_condition(&api, &name, "Ready", "True", Duration::from_secs(120)).await;
 
-    let changelog = format!("{name}-seen-changelog");
+    let changelog = format!("{n}.{name}-seen-changelog");
     kafka::set_config(&changelog, "min.cleanable.dirty.ratio", "0.5").await;
     let app = wait_for("drift to be reported", Duration::from_secs(60), || async {
         let app = api.get(&name).await.map_err(|e| e.to_string())?;
@@ -67,7 +67,7 @@ async fn changelog_drift_is_reported_then_corrected_under_enforce() {
     );
 
     // Drift on a repartition topic is reported the same way.
-    let repartition = format!("{name}-per-user-repartition");
+    let repartition = format!("{n}.{name}-per-user-repartition");
     kafka::set_config(&repartition, "retention.ms", "3600000").await;
     wait_for(
         "drift on the repartition topic to be reported",

@@ -62,11 +62,11 @@ async fn delete_policy_removes_topics_and_retain_policy_keeps_them() {
     assert_eq!(claims_of(kept.clone()).await, Ok(2));
     let topics = |app: &str| {
         [
-            format!("{app}-seen-changelog"),
-            format!("{app}-per-user-changelog"),
-            format!("{app}-seen-repartition"),
-            format!("{app}-per-user-repartition"),
-            format!("{app}-dlq"),
+            format!("{n}.{app}-seen-changelog"),
+            format!("{n}.{app}-per-user-changelog"),
+            format!("{n}.{app}-seen-repartition"),
+            format!("{n}.{app}-per-user-repartition"),
+            format!("{n}.{app}-dlq"),
         ]
     };
     for t in topics(&doomed).iter().chain(topics(&kept).iter()) {

@@ -97,7 +97,7 @@ async fn operator_killed_mid_reconcile_converges_without_duplicates() {
     }
     for name in &names {
         assert_eq!(
-            kafka::partitions(&format!("{name}-seen-changelog")),
+            kafka::partitions(&format!("{n}.{name}-seen-changelog")),
             Some(2)
         );
         let app = api.get(name).await.expect("app");

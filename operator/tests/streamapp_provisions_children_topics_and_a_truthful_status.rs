@@ -130,22 +130,22 @@ async fn a_streamapp_gets_its_children_topics_and_ready_status() {
     assert!(owned_by(&pdb_api.get(&name).await.expect("PDB"), &app));
 
     // Topics, with the wanted configs.
-    let changelog = format!("{name}-per-user-changelog");
+    let changelog = format!("{n}.{name}-per-user-changelog");
     assert_eq!(kafka::partitions(&changelog), Some(3));
     let cfg = kafka::config(&changelog).await;
     assert_eq!(cfg["cleanup.policy"], "compact");
     assert_eq!(cfg["min.cleanable.dirty.ratio"], "0.05");
     assert_eq!(cfg["segment.ms"], "600000");
-    let seen = kafka::config(&format!("{name}-seen-changelog")).await;
+    let seen = kafka::config(&format!("{n}.{name}-seen-changelog")).await;
     assert_eq!(
         seen["min.cleanable.dirty.ratio"], "0.1",
         "default dirty ratio"
     );
-    assert_eq!(kafka::partitions(&format!("{name}-dlq")), Some(3));
+    assert_eq!(kafka::partitions(&format!("{n}.{name}-dlq")), Some(3));
     // The steps dedupe on value.txId and group by value.userId, neither the record key:
     // each is preceded by a repartition topic, one partition per task of its stage.
     for step in ["seen", "per-user"] {
-        let t = format!("{name}-{step}-repartition");
+        let t = format!("{n}.{name}-{step}-repartition");
         assert_eq!(kafka::partitions(&t), Some(3), "{t}");
         let cfg = kafka::config(&t).await;
         assert_eq!(cfg["cleanup.policy"], "delete", "{t}");
@@ -161,7 +161,7 @@ async fn a_streamapp_gets_its_children_topics_and_ready_status() {
         );
     }
     assert_eq!(
-        kafka::config(&format!("{name}-dlq")).await["cleanup.policy"],
+        kafka::config(&format!("{n}.{name}-dlq")).await["cleanup.policy"],
         "delete"
     );
 

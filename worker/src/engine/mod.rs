@@ -30,6 +30,8 @@ mod commit;
 mod kafka;
 pub mod lookups;
 pub mod merge;
+mod outputs;
+mod oversize;
 pub mod replay;
 pub mod restore;
 mod run;
@@ -169,6 +171,8 @@ pub struct Engine {
     standbys: BTreeMap<TaskId, Standby>,
     sink_topic: Option<String>,
     dlq_topic: Option<String>,
+    /// The size limits of the topics outputs go to.
+    limits: Arc<oversize::Limits>,
     /// Committed source offsets per task (what Kafka holds), for the restore filter.
     committed: BTreeMap<TaskId, BTreeMap<String, i64>>,
     /// The restore consumer, unassigned after restore: it asks for watermarks (lag) on
@@ -219,7 +223,13 @@ impl Engine {
         let task_count = source_task_count(&app, &consumer)?;
         check_tables(&app, &consumer, task_count)?;
         let all_stores = all_stores(&app, task_count);
-        topics::ensure_topics(&app, &consumer, task_count, &all_stores)?;
+        topics::ensure_topics(
+            &app,
+            &consumer,
+            task_count,
+            &all_stores,
+            opts.coordination.is_some(),
+        )?;
         check_sink(&app, &consumer)?;
         check_outputs(&app, &consumer)?;
         // The topic each store's copies follow: its changelog, or a table's topic.
@@ -293,7 +303,9 @@ impl Engine {
                 .incremental_assign(&follow)
                 .map_err(EngineError::AssignPartitions)?;
         }
+        let limits = Arc::new(oversize::Limits::load(&app, &output_topics(&app)));
         let mut engine = Self {
+            limits,
             sink_topic: app.manifest.spec.sink.as_ref().map(|s| s.topic.clone()),
             dlq_topic: app.manifest.dead_letter_topic(),
             app,
@@ -409,6 +421,28 @@ fn check_outputs(app: &App, consumer: &BaseConsumer) -> Result<(), EngineError> 
         }
     }
     Ok(())
+}
+
+/// Every topic a task writes records to (besides changelogs): sink, `to` topics,
+/// repartition topics and the dead-letter topic.
+fn output_topics(app: &App) -> Vec<String> {
+    let spec = &app.manifest.spec;
+    let mut out: Vec<String> = spec.sink.iter().map(|s| s.topic.clone()).collect();
+    out.extend(
+        spec.steps
+            .iter()
+            .filter_map(|s| s.to.as_ref().and_then(|t| t.topic.clone())),
+    );
+    out.extend(
+        app.topology
+            .repartition_topics()
+            .into_iter()
+            .map(|(_, t)| t.to_string()),
+    );
+    out.extend(app.manifest.dead_letter_topic());
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The sink belongs to the user (never created here): without this check a missing

@@ -84,23 +84,41 @@ impl Engine {
     }
 }
 
+/// How long a worker under the operator waits for the operator to create the spec's
+/// topics before it gives up (and its pod restarts).
+const OPERATOR_TOPICS_WAIT: Duration = Duration::from_secs(300);
+
 /// Creates the changelog and dead-letter topics that do not exist yet (a standalone
 /// worker has no operator to do it). Existing topics are left as they are, but one with
 /// fewer partitions than tasks is an error: a task would have nowhere to log.
+///
+/// Under the operator (`coordinated`) the spec's topics are the operator's to create: it
+/// records each one as the app's before it creates it, and a topic created here would
+/// read as someone else's. The worker waits for them and creates only the changelogs of
+/// custom processors' stores, which the spec does not name.
 pub(super) fn ensure_topics(
     app: &App,
     consumer: &BaseConsumer,
     tasks: i32,
     stores: &[StoreName],
+    coordinated: bool,
 ) -> Result<(), EngineError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
-    let mut wanted = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
+    let spec_topics = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
+    if coordinated {
+        wait_for_operator_topics(consumer, &spec_topics)?;
+    }
+    let mut wanted = if coordinated {
+        Vec::new()
+    } else {
+        spec_topics.clone()
+    };
     // Stores of custom processors are not in the spec: same defaults as built-in ones.
     for s in stores.iter().filter(|s| !app.is_table_store(s)) {
         let name = changelog_topic(&app.application_id, s);
-        if !wanted.iter().any(|w| w.name == name)
-            && let Some(template) = wanted
+        if !wanted.iter().chain(&spec_topics).any(|w| w.name == name)
+            && let Some(template) = spec_topics
                 .iter()
                 .find(|w| w.role == oxbow_crds::topics::Role::Changelog)
                 .cloned()
@@ -182,4 +200,48 @@ pub(super) fn ensure_topics(
         }
     }
     Ok(())
+}
+
+/// Waits until every topic the spec wants exists (the operator creates them).
+fn wait_for_operator_topics(
+    consumer: &BaseConsumer,
+    wanted: &[oxbow_crds::topics::WantedTopic],
+) -> Result<(), EngineError> {
+    let deadline = Instant::now() + OPERATOR_TOPICS_WAIT;
+    let mut logged = false;
+    loop {
+        let mut missing = Vec::new();
+        for w in wanted {
+            let md = consumer
+                .fetch_metadata(Some(&w.name), KAFKA_TIMEOUT)
+                .map_err(EngineError::Metadata)?;
+            if !md
+                .topics()
+                .iter()
+                .any(|t| t.name() == w.name && t.error().is_none())
+            {
+                missing.push(w.name.clone());
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(EngineError::CreateTopic {
+                topic: missing.join(", "),
+                message: format!(
+                    "the operator has not created it in {}s; see the StreamApp's TopicsReady condition",
+                    OPERATOR_TOPICS_WAIT.as_secs()
+                ),
+            });
+        }
+        if !logged {
+            tracing::info!(
+                ?missing,
+                "waiting for the operator to create the app's topics"
+            );
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

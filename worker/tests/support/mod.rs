@@ -73,11 +73,19 @@ pub fn exactly_once_app(app: &str, spec: &str) -> String {
 }
 
 pub fn create_topic(name: &str, partitions: i32) {
+    create_topic_with(name, partitions, &[]);
+}
+
+/// A topic with these config overrides (`max.message.bytes`, ...).
+pub fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
         .expect("admin client");
-    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let mut t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        t = t.set(k, v);
+    }
     let r = futures::executor::block_on(admin.create_topics([&t], &AdminOptions::new()))
         .expect("create_topics request");
     for x in r {
@@ -120,13 +128,24 @@ impl Input {
 }
 
 pub fn produce(topic: &str, records: impl IntoIterator<Item = Input>) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    produce_with(topic, records, &[]);
+}
+
+/// [`produce`] with extra producer settings (`message.max.bytes`, ...).
+pub fn produce_with(
+    topic: &str,
+    records: impl IntoIterator<Item = Input>,
+    settings: &[(&str, &str)],
+) {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")
         .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
+        .set("linger.ms", "5");
+    for (k, v) in settings {
+        c.set(*k, *v);
+    }
+    let p: ThreadedProducer<DefaultProducerContext> = c.create().expect("producer");
     for r in records {
         let mut rec: BaseRecord<'_, str, [u8]> = BaseRecord::to(topic).payload(&r.value);
         if let Some(k) = &r.key {

@@ -1,0 +1,143 @@
+//! The topics step of a reconciliation: for each changelog, repartition and dead-letter
+//! topic the spec wants, decide whose it is ([`crate::ownership`]), record the ones the
+//! operator creates or adopts, then create, grow and correct only those. A topic that is
+//! not the app's is left untouched and reported.
+
+use kube::runtime::events::EventType;
+use oxbow_crds::{DriftPolicy, StreamApp, StreamAppStatus, TopicStatus};
+
+use super::claim::owner;
+use super::{Cluster, Context, Error, event_reason};
+use crate::ownership::{ClaimsView, TopicFacts, TopicOwnership, TopicRecord, topic_key};
+use crate::topics::{self, Role, TopicAction};
+
+/// What the topics step found.
+pub struct TopicsOutcome {
+    pub statuses: Vec<TopicStatus>,
+    /// One line per topic that exists but is not the app's.
+    pub not_owned: Vec<String>,
+}
+
+/// Whether the app was last reconciled by an operator that kept no topic records: its
+/// status lists topics but records no application id.
+pub fn legacy(previous: &StreamAppStatus) -> bool {
+    previous.observed_generation.is_some() && previous.application_id.is_none()
+}
+
+/// Topics: record, then create what is missing, grow partitions, correct or report drift.
+pub async fn reconcile(
+    app: &StreamApp,
+    cluster: &Cluster,
+    view: &ClaimsView,
+    tasks: i32,
+    ctx: &Context,
+) -> Result<TopicsOutcome, Error> {
+    let admin = &cluster.admin;
+    let id = app.application_id();
+    let me = owner(app);
+    let previous = app.status.clone().unwrap_or_default();
+    let wanted = topics::wanted_topics(app, tasks);
+    let actual = admin.describe(&wanted).await?;
+    let mut statuses = Vec::new();
+    let mut not_owned = Vec::new();
+    for w in &wanted {
+        let a = actual.get(&w.name);
+        let facts = TopicFacts {
+            exists: a.is_some(),
+            user_named: w.role == Role::DeadLetter && app.spec.errors.topic.is_some(),
+            adopt: app.spec.adopt_existing_topics,
+            legacy: legacy(&previous) && previous.topics.iter().any(|t| t.name == w.name),
+        };
+        let ownership = crate::ownership::topic_ownership(view.topic(&w.name), &id, &me, facts);
+        let policy = match ownership {
+            TopicOwnership::NotOwned { owner } => {
+                let whose = match owner {
+                    Some(o) => format!("it was created for StreamApp {o}"),
+                    None => "Oxbow did not create it for this app".into(),
+                };
+                let msg = format!(
+                    "topic {} exists but {whose}; it is left untouched: delete it, give this app another applicationId, or set spec.adoptExistingTopics: true to take over a topic no other app records",
+                    w.name
+                );
+                let mut st = topics::topic_status(w, a, &topics::plan(w, a, DriftPolicy::Report));
+                st.ready = false;
+                st.message = Some(msg.clone());
+                statuses.push(st);
+                not_owned.push(msg);
+                continue;
+            }
+            // The user's topic: created when missing, never altered.
+            TopicOwnership::User => DriftPolicy::Report,
+            TopicOwnership::Ours => app.spec.drift_policy,
+            TopicOwnership::Create | TopicOwnership::Adopt => {
+                // Recorded before it is created or changed: a crash in between leaves a
+                // record of a topic that is missing, never an unrecorded topic of ours.
+                let record = TopicRecord {
+                    application_id: id.clone(),
+                    namespace: me.namespace.clone(),
+                    name: me.name.clone(),
+                    adopted: ownership == TopicOwnership::Adopt,
+                };
+                let value = serde_json::to_vec(&record).expect("a record serializes");
+                cluster
+                    .claims
+                    .write(&topic_key(&w.name), Some(&value))
+                    .await?;
+                if ownership == TopicOwnership::Adopt {
+                    tracing::info!(topic = %w.name, "adopted an existing topic");
+                }
+                app.spec.drift_policy
+            }
+        };
+        let plan = topics::plan(w, a, policy);
+        let mut st = topics::topic_status(w, a, &plan);
+        for action in &plan.actions {
+            match action {
+                TopicAction::None => {}
+                TopicAction::Create => {
+                    admin.create(w).await?;
+                    st.message = Some("created".into());
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        event_reason::TOPIC_CREATED,
+                        format!("created topic {} with {} partitions", w.name, w.partitions),
+                    )
+                    .await;
+                }
+                TopicAction::AddPartitions(n) => {
+                    admin.add_partitions(&w.name, *n).await?;
+                    st.message = Some(format!("grown to {n} partitions"));
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        event_reason::TOPIC_PARTITIONS_ADDED,
+                        format!("topic {} grown to {n} partitions", w.name),
+                    )
+                    .await;
+                }
+                TopicAction::AlterConfigs(cfg) => {
+                    admin.alter_configs(&w.name, cfg).await?;
+                    let what = cfg
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    st.message = Some(format!("corrected {what}"));
+                    ctx.event(
+                        app,
+                        EventType::Normal,
+                        event_reason::TOPIC_CONFIG_CORRECTED,
+                        format!("topic {}: set {what}", w.name),
+                    )
+                    .await;
+                }
+            }
+        }
+        statuses.push(st);
+    }
+    Ok(TopicsOutcome {
+        statuses,
+        not_owned,
+    })
+}
