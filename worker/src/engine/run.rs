@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::producer::Producer;
 
-use super::kafka::{KProducer, Producers, header, send};
+use super::kafka::{KProducer, Producers, header};
 use super::merge::Buffered;
 use super::replay::{Admission, ORIGIN_HEADER, Origin};
 use super::standby::{STANDBY_BATCH, apply_standby_record};
