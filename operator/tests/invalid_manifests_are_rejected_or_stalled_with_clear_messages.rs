@@ -230,15 +230,21 @@ const STALLED: &[(&str, &str, &str, &str, &str)] = &[
     (
         "a repartition topic that is the sink topic",
         "  sink: {topic: ",
-        "  sink: {topic: NAME-per-user-repartition}\n  # was: ",
+        "  sink: {topic: APPID-per-user-repartition}\n  # was: ",
         "TopicCollision",
         "-per-user-repartition\", which is also the sink topic; give the step another name",
     ),
 ];
 
-fn render(name: &str, source: &str, from: &str, to: &str) -> String {
+/// `APPID` stands for the app's default id, `<namespace>.<name>`.
+fn render(ns: &str, name: &str, source: &str, from: &str, to: &str) -> String {
     let base = apps::manifest(name, &[source], "");
-    let fill = |text: &str| text.replace("SOURCE", source).replace("NAME", name);
+    let id = format!("{ns}.{name}");
+    let fill = |text: &str| {
+        text.replace("SOURCE", source)
+            .replace("APPID", &id)
+            .replace("NAME", name)
+    };
     let from = fill(from);
     assert!(
         base.contains(&from),
@@ -259,7 +265,7 @@ async fn every_bad_manifest_gets_a_clear_message() {
     let mut failures = Vec::new();
     for (case, from, to, want) in REJECTED {
         let name = unique("bad");
-        let manifest = render(&name, &source, from, to);
+        let manifest = render(n, &name, &source, from, to);
         let (ok, out, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
         if ok || !err.contains(want) {
             failures.push(format!(
@@ -301,7 +307,7 @@ async fn every_bad_manifest_gets_a_clear_message() {
     let mut names = Vec::new();
     for (case, from, to, reason, want) in STALLED {
         let name = unique("stall");
-        let manifest = render(&name, &source, from, to);
+        let manifest = render(n, &name, &source, from, to);
         let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
         assert!(
             ok,
