@@ -64,18 +64,6 @@ pub struct TaskPlacement {
     /// Standby pods, fed from the changelog; a pod warming up to take the active over is
     /// one of them.
     pub standbys: Vec<String>,
-    /// Pods that were the task's active in an earlier generation and may still run it:
-    /// the new active waits for these, and only these, to let go.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub previous: Vec<PreviousActive>,
-}
-
-/// A pod that ran a task before it moved, until the pod acknowledges `until`, the first
-/// generation that gave the task to another pod (it has let go by then).
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct PreviousActive {
-    pub pod: String,
-    pub until: i64,
 }
 
 /// The key of the assignment ConfigMap (`<name>-assignment`) holding the JSON of
@@ -94,11 +82,6 @@ pub struct Assignment {
     /// that is gone cannot release what it held, and is not listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
-    /// Tasks list their previous actives ([`TaskPlacement::previous`]). Without it (an
-    /// assignment from an older operator) a pod that has not acknowledged the current
-    /// generation holds back every new active.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub tracks_previous: bool,
 }
 
 impl Assignment {
@@ -357,77 +340,15 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
             TaskPlacement {
                 active: act,
                 standbys,
-                previous: vec![],
             },
         );
     }
     let pod_names: Vec<String> = pods.iter().map(|f| f.pod.clone()).collect();
-    let changed = prev.is_none_or(|a| {
-        !a.tracks_previous || !same_placements(&a.tasks, &tasks) || a.pods != pod_names
-    });
-    match prev {
-        Some(a) if !changed => a.clone(),
-        _ => {
-            let generation = generation + 1;
-            hand_over(prev, &mut tasks, pods, &pod_names, generation);
-            Assignment {
-                generation,
-                tasks,
-                pods: pod_names,
-                tracks_previous: true,
-            }
-        }
-    }
-}
-
-/// Actives and standbys alike (the previous actives follow from them).
-fn same_placements(
-    a: &BTreeMap<TaskId, TaskPlacement>,
-    b: &BTreeMap<TaskId, TaskPlacement>,
-) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|((ta, pa), (tb, pb))| {
-            ta == tb && pa.active == pb.active && pa.standbys == pb.standbys
-        })
-}
-
-/// Fills in each task's previous actives for generation `generation`: the last
-/// generation's active when the task moved, and earlier ones that have not acknowledged
-/// the generation that moved it away, while their pods exist.
-fn hand_over(
-    prev: Option<&Assignment>,
-    tasks: &mut BTreeMap<TaskId, TaskPlacement>,
-    pods: &[PodFacts],
-    listed: &[String],
-    generation: i64,
-) {
-    let Some(prev) = prev else {
-        return;
-    };
-    let acked = |pod: &str| {
-        pods.iter()
-            .find(|f| f.pod == pod)
-            .and_then(|f| f.acknowledged)
-            .unwrap_or(0)
-    };
-    for (t, placement) in tasks.iter_mut() {
-        let Some(old) = prev.tasks.get(t) else {
-            continue;
-        };
-        let mut previous: Vec<PreviousActive> = old
-            .previous
-            .iter()
-            .filter(|p| p.pod != placement.active && p.pod != old.active)
-            .filter(|p| listed.contains(&p.pod) && acked(&p.pod) < p.until)
-            .cloned()
-            .collect();
-        if old.active != placement.active && listed.contains(&old.active) {
-            previous.push(PreviousActive {
-                pod: old.active.clone(),
-                until: generation,
-            });
-        }
-        placement.previous = previous;
+    let changed = prev.is_none_or(|a| a.tasks != tasks || a.pods != pod_names);
+    Assignment {
+        generation: if changed { generation + 1 } else { generation },
+        tasks,
+        pods: pod_names,
     }
 }
 
@@ -777,58 +698,6 @@ mod tests {
             }
         }
         assert_eq!(b.generation, a.generation + 1);
-    }
-
-    #[test]
-    fn a_moved_task_names_its_previous_active_until_that_pod_acknowledges_the_move() {
-        let p = Params {
-            tasks: 4,
-            stages: 1,
-            standby_replicas: 0,
-            warmup_max_lag: 0,
-        };
-        let a = next(None, &up(&["a", "b"]), p);
-        assert!(a.tracks_previous);
-        assert!(
-            a.tasks.values().all(|t| t.previous.is_empty()),
-            "nothing moved yet"
-        );
-        // b stops being ready but its pod still exists: its tasks fail over to a, which
-        // names b as previous (b may still be running them).
-        let mut facts = up(&["a", "b"]);
-        report(&a, &mut facts, 0);
-        facts[1].eligible = false;
-        facts[0].acknowledged = Some(a.generation);
-        facts[1].acknowledged = Some(a.generation);
-        let b = next(Some(&a), &facts, p);
-        for (t, old) in &a.tasks {
-            let moved = &b.tasks[t];
-            if old.active == "b" {
-                assert_eq!(moved.active, "a");
-                assert_eq!(
-                    moved.previous,
-                    vec![PreviousActive {
-                        pod: "b".into(),
-                        until: b.generation
-                    }],
-                    "task {t}"
-                );
-            } else {
-                assert!(moved.previous.is_empty(), "task {t} stayed");
-            }
-        }
-        // Fed back unchanged, it settles with the same generation and lists.
-        assert_eq!(next(Some(&b), &facts, p), b);
-        // A later move drops b once it acknowledged the generation that moved the task.
-        let mut facts = up(&["a", "c"]);
-        facts[0].acknowledged = Some(b.generation);
-        let c = next(Some(&b), &facts, p);
-        assert!(
-            c.tasks
-                .values()
-                .all(|t| t.previous.iter().all(|p| p.pod != "b")),
-            "b is gone: it holds nothing back ({c:?})"
-        );
     }
 
     #[test]

@@ -495,7 +495,6 @@ fn publish_standalone_tasks(
                     oxbow_crds::assignment::TaskPlacement {
                         active: format!("instance-{}", t.partition % opts.instances.max(1)),
                         standbys: Vec::new(),
-                        ..Default::default()
                     },
                 )
             })

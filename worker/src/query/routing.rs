@@ -177,7 +177,6 @@ mod tests {
         TaskPlacement {
             active: active.into(),
             standbys: standbys.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
         }
     }
 
