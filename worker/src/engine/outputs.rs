@@ -22,7 +22,7 @@ struct Record<'a> {
     partition: Option<i32>,
     key: Option<&'a [u8]>,
     value: Option<&'a [u8]>,
-    headers: Vec<(&'static str, Vec<u8>)>,
+    headers: Vec<(&'static str, &'a [u8])>,
     timestamp: Option<i64>,
 }
 
@@ -33,8 +33,7 @@ fn send_within(
     limits: &Limits,
     r: &Record<'_>,
 ) -> Result<Option<usize>, EngineError> {
-    let hs: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-    let size = oversize::record_size(r.key, r.value, &hs);
+    let size = oversize::record_size(r.key, r.value, &r.headers);
     if size > limits.of(r.topic) {
         return Ok(Some(size));
     }
@@ -42,7 +41,7 @@ fn send_within(
         r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
             h.insert(Header {
                 key: k,
-                value: Some(v.as_slice()),
+                value: Some(*v),
             })
         })
     });
@@ -83,21 +82,18 @@ fn send_dead_letter(
         partition: None,
         key,
         value,
-        headers: headers
-            .iter()
-            .map(|(k, v)| (*k, v.as_bytes().to_vec()))
-            .collect(),
+        headers: headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect(),
         timestamp: None,
     };
     match send_within(p, limits, &r)? {
         None => Ok(()),
-        Some(size) => Err(EngineError::Produce {
-            topic: topic.into(),
-            source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
-        })
-        .inspect_err(
-            |_| tracing::error!(%topic, size, "a truncated dead letter is still too large"),
-        ),
+        Some(size) => {
+            tracing::error!(%topic, size, "a truncated dead letter is still too large");
+            Err(EngineError::Produce {
+                topic: topic.into(),
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            })
+        }
     }
 }
 
@@ -129,6 +125,8 @@ impl Engine {
         let p = self.producer_for(id)?;
         let mut done = Sent::default();
         let mut index = 0u32;
+        // The origin header's text: records borrow their headers.
+        let mut origin: String;
         for o in out {
             let record = match o {
                 Output::Sink {
@@ -154,11 +152,11 @@ impl Engine {
                     record_key,
                     timestamp,
                 } => {
-                    let mut headers = vec![(KEY_HEADER, record_key.clone())];
+                    let mut headers = vec![(KEY_HEADER, record_key.as_slice())];
                     if let Some((t, partition, offset)) = from {
-                        let origin = Origin::header(t, partition, offset, index);
+                        origin = Origin::header(t, partition, offset, index);
                         index += 1;
-                        headers.push((ORIGIN_HEADER, origin.into_bytes()));
+                        headers.push((ORIGIN_HEADER, origin.as_bytes()));
                     }
                     Record {
                         topic,
