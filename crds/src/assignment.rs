@@ -64,6 +64,18 @@ pub struct TaskPlacement {
     /// Standby pods, fed from the changelog; a pod warming up to take the active over is
     /// one of them.
     pub standbys: Vec<String>,
+    /// Pods that were the task's active in an earlier generation and may still run it:
+    /// the new active waits for these, and only these, to let go.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous: Vec<PreviousActive>,
+}
+
+/// A pod that ran a task before it moved, until the pod acknowledges `until`, the first
+/// generation that gave the task to another pod (it has let go by then).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct PreviousActive {
+    pub pod: String,
+    pub until: i64,
 }
 
 /// The key of the assignment ConfigMap (`<name>-assignment`) holding the JSON of
@@ -82,6 +94,11 @@ pub struct Assignment {
     /// that is gone cannot release what it held, and is not listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+    /// Tasks list their previous actives ([`TaskPlacement::previous`]). Without it (an
+    /// assignment from an older operator) a pod that has not acknowledged the current
+    /// generation holds back every new active.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tracks_previous: bool,
 }
 
 impl Assignment {
@@ -213,6 +230,8 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
     // 2. Drain: each task of a draining pod goes to the staying pod with the freshest
     //    copy (its standbys first among equals, then the least loaded), once warm.
     let mut warming: BTreeMap<TaskId, String> = BTreeMap::new();
+    // Each task the drain hands over, with its giver.
+    let mut drained: BTreeMap<TaskId, String> = BTreeMap::new();
     for t in draining {
         let giver = active.get(&t).cloned().unwrap_or_default();
         let standbys = prev_of(t).map(|tp| tp.standbys.clone()).unwrap_or_default();
@@ -233,6 +252,7 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         // The receiver's load counts the task from now on, warm or not, so balancing
         // below sees the picture after the drain.
         *load.entry(receiver.clone()).or_default() += 1;
+        drained.insert(t, giver.clone());
         if warm(&giver, &receiver, t) {
             active.insert(t, receiver);
         } else {
@@ -240,39 +260,17 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
         }
     }
 
-    // 3. Balance: the most loaded pod hands a task to the least loaded one while they
-    //    differ by more than one, but the task moves only once the receiver is warm.
-    while let Some((over, over_load)) = load
-        .iter()
-        .max_by_key(|(pod, l)| (**l, std::cmp::Reverse((*pod).clone())))
-        .map(|(pod, l)| (pod.clone(), *l))
-    {
-        let Some((under, under_load)) = load
-            .iter()
-            .min_by_key(|(pod, l)| (**l, (*pod).clone()))
-            .map(|(pod, l)| (pod.clone(), *l))
-        else {
-            break;
-        };
-        if over_load <= under_load + 1 {
-            break;
-        }
-        // The over pod's task that the under pod holds the freshest copy of.
-        let candidate = active
-            .iter()
-            .filter(|(t, pod)| **pod == over && !warming.contains_key(t))
-            .min_by_key(|(t, _)| (lag_on(&under, **t).unwrap_or(i64::MAX), **t))
-            .map(|(t, _)| *t);
-        let Some(t) = candidate else { break };
-        if warm(&over, &under, t) {
-            active.insert(t, under.clone());
-        } else {
-            warming.insert(t, under.clone());
-        }
-        // A warming move counts as done for balancing, so the loop ends.
-        *load.entry(over).or_default() -= 1;
-        *load.entry(under).or_default() += 1;
-    }
+    // 3. Balance, the drain's receivers first.
+    balance(
+        &mut Moves {
+            load: &mut load,
+            active: &mut active,
+            warming: &mut warming,
+            drained: &drained,
+        },
+        &lag_on,
+        &warm,
+    );
 
     // 4. Standbys, on staying pods only.
     let mut standby_load: BTreeMap<String, usize> =
@@ -340,16 +338,206 @@ pub fn next(prev: Option<&Assignment>, pods: &[PodFacts], p: Params) -> Assignme
             TaskPlacement {
                 active: act,
                 standbys,
+                previous: vec![],
             },
         );
     }
     let pod_names: Vec<String> = pods.iter().map(|f| f.pod.clone()).collect();
-    let changed = prev.is_none_or(|a| a.tasks != tasks || a.pods != pod_names);
-    Assignment {
-        generation: if changed { generation + 1 } else { generation },
-        tasks,
-        pods: pod_names,
+    let changed = prev.is_none_or(|a| {
+        !a.tracks_previous || !same_placements(&a.tasks, &tasks) || a.pods != pod_names
+    });
+    match prev {
+        Some(a) if !changed => a.clone(),
+        _ => {
+            let generation = generation + 1;
+            hand_over(prev, &mut tasks, pods, &pod_names, generation);
+            Assignment {
+                generation,
+                tasks,
+                pods: pod_names,
+                tracks_previous: true,
+            }
+        }
     }
+}
+
+/// The placement being worked out by [`next`]: actives, warming receivers, each target
+/// pod's load, and the tasks the drain hands over (with their givers).
+struct Moves<'a> {
+    load: &'a mut BTreeMap<String, usize>,
+    active: &'a mut BTreeMap<TaskId, String>,
+    warming: &'a mut BTreeMap<TaskId, String>,
+    drained: &'a BTreeMap<TaskId, String>,
+}
+
+/// The most loaded pod hands a task to the least loaded one while they differ by more
+/// than one, but the task moves only once the receiver is warm (until then the
+/// receiver holds it as a warming standby).
+///
+/// A task the drain is handing to the most loaded pod goes to the least loaded one
+/// instead, from its draining giver: the drain's receivers follow the freshest copies,
+/// which can pile up on one pod, and evening that out with a task that stays on a
+/// staying pod would move that task for nothing. Only without such a task does a
+/// staying task move (a scale-out, or a failed pod come back).
+fn balance(
+    m: &mut Moves<'_>,
+    lag_on: &dyn Fn(&str, TaskId) -> Option<i64>,
+    warm: &dyn Fn(&str, &str, TaskId) -> bool,
+) {
+    while let Some((over, over_load)) = m
+        .load
+        .iter()
+        .max_by_key(|(pod, l)| (**l, std::cmp::Reverse((*pod).clone())))
+        .map(|(pod, l)| (pod.clone(), *l))
+    {
+        let Some((under, under_load)) = m
+            .load
+            .iter()
+            .min_by_key(|(pod, l)| (**l, (*pod).clone()))
+            .map(|(pod, l)| (pod.clone(), *l))
+        else {
+            break;
+        };
+        if over_load <= under_load + 1 {
+            break;
+        }
+        let fresh_on_under = |t: &TaskId| (lag_on(&under, *t).unwrap_or(i64::MAX), *t);
+        // The drain's receiver of a task: its warming pod, else its (new) active.
+        let receiver = |t: &TaskId| m.warming.get(t).or_else(|| m.active.get(t)).cloned();
+        let drained = m
+            .drained
+            .keys()
+            .filter(|t| receiver(t).is_some_and(|r| r == over))
+            .min_by_key(|t| fresh_on_under(t))
+            .copied();
+        if let Some(t) = drained {
+            let giver = m.drained.get(&t).cloned().unwrap_or_default();
+            if warm(&giver, &under, t) {
+                m.active.insert(t, under.clone());
+                m.warming.remove(&t);
+            } else {
+                m.active.insert(t, giver);
+                m.warming.insert(t, under.clone());
+            }
+        } else {
+            // The over pod's task that the under pod holds the freshest copy of.
+            let Some(t) = m
+                .active
+                .iter()
+                .filter(|(t, pod)| **pod == over && !m.warming.contains_key(t))
+                .map(|(t, _)| *t)
+                .min_by_key(fresh_on_under)
+            else {
+                break;
+            };
+            if warm(&over, &under, t) {
+                m.active.insert(t, under.clone());
+            } else {
+                m.warming.insert(t, under.clone());
+            }
+        }
+        // A warming move counts as done for balancing, so the loop ends.
+        *m.load.entry(over).or_default() -= 1;
+        *m.load.entry(under).or_default() += 1;
+    }
+}
+
+/// Actives and standbys alike (the previous actives follow from them).
+fn same_placements(
+    a: &BTreeMap<TaskId, TaskPlacement>,
+    b: &BTreeMap<TaskId, TaskPlacement>,
+) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((ta, pa), (tb, pb))| {
+            ta == tb && pa.active == pb.active && pa.standbys == pb.standbys
+        })
+}
+
+/// Fills in each task's previous actives for generation `generation`: the last
+/// generation's active when the task moved, and earlier ones that have not acknowledged
+/// the generation that moved it away, while their pods exist.
+///
+/// A previous assignment that did not track them (from an older operator, or the floor
+/// placement starts over from) says nothing about where tasks ran: then every listed pod
+/// that has not acknowledged its generation may still be starting any task from an
+/// older one, and is a previous active of every task it does not get.
+fn hand_over(
+    prev: Option<&Assignment>,
+    tasks: &mut BTreeMap<TaskId, TaskPlacement>,
+    pods: &[PodFacts],
+    listed: &[String],
+    generation: i64,
+) {
+    let Some(prev) = prev else {
+        return;
+    };
+    let acked = |pod: &str| {
+        pods.iter()
+            .find(|f| f.pod == pod)
+            .and_then(|f| f.acknowledged)
+            .unwrap_or(0)
+    };
+    let unknown: Vec<PreviousActive> = if prev.tracks_previous {
+        Vec::new()
+    } else {
+        listed
+            .iter()
+            .filter(|pod| acked(pod) < prev.generation)
+            .map(|pod| PreviousActive {
+                pod: pod.clone(),
+                until: prev.generation,
+            })
+            .collect()
+    };
+    for (t, placement) in tasks.iter_mut() {
+        placement.previous = previous_actives(
+            prev.tasks.get(t),
+            &placement.active,
+            &unknown,
+            listed,
+            &acked,
+            generation,
+        );
+    }
+}
+
+/// One task's previous actives in generation `generation`, where `active` runs it:
+/// those of `old` (its placement one generation earlier) still listed and short of
+/// acknowledging the move, `old`'s active if the task moved away from it, and `unknown`
+/// (see [`hand_over`]). Never the new active itself; each pod at most once.
+fn previous_actives(
+    old: Option<&TaskPlacement>,
+    active: &str,
+    unknown: &[PreviousActive],
+    listed: &[String],
+    acked: &dyn Fn(&str) -> i64,
+    generation: i64,
+) -> Vec<PreviousActive> {
+    let mut previous: Vec<PreviousActive> = Vec::new();
+    let mut add = |p: PreviousActive| {
+        if p.pod != active
+            && listed.contains(&p.pod)
+            && acked(&p.pod) < p.until
+            && !previous.iter().any(|q| q.pod == p.pod)
+        {
+            previous.push(p);
+        }
+    };
+    if let Some(old) = old {
+        if old.active != active {
+            add(PreviousActive {
+                pod: old.active.clone(),
+                until: generation,
+            });
+        }
+        for p in old.previous.iter().filter(|p| p.pod != old.active) {
+            add(p.clone());
+        }
+    }
+    for p in unknown {
+        add(p.clone());
+    }
+    previous
 }
 
 #[cfg(test)]
@@ -701,6 +889,58 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_task_names_its_previous_active_until_that_pod_acknowledges_the_move() {
+        let p = Params {
+            tasks: 4,
+            stages: 1,
+            standby_replicas: 0,
+            warmup_max_lag: 0,
+        };
+        let a = next(None, &up(&["a", "b"]), p);
+        assert!(a.tracks_previous);
+        assert!(
+            a.tasks.values().all(|t| t.previous.is_empty()),
+            "nothing moved yet"
+        );
+        // b stops being ready but its pod still exists: its tasks fail over to a, which
+        // names b as previous (b may still be running them).
+        let mut facts = up(&["a", "b"]);
+        report(&a, &mut facts, 0);
+        facts[1].eligible = false;
+        facts[0].acknowledged = Some(a.generation);
+        facts[1].acknowledged = Some(a.generation);
+        let b = next(Some(&a), &facts, p);
+        for (t, old) in &a.tasks {
+            let moved = &b.tasks[t];
+            if old.active == "b" {
+                assert_eq!(moved.active, "a");
+                assert_eq!(
+                    moved.previous,
+                    vec![PreviousActive {
+                        pod: "b".into(),
+                        until: b.generation
+                    }],
+                    "task {t}"
+                );
+            } else {
+                assert!(moved.previous.is_empty(), "task {t} stayed");
+            }
+        }
+        // Fed back unchanged, it settles with the same generation and lists.
+        assert_eq!(next(Some(&b), &facts, p), b);
+        // A later move drops b once it acknowledged the generation that moved the task.
+        let mut facts = up(&["a", "c"]);
+        facts[0].acknowledged = Some(b.generation);
+        let c = next(Some(&b), &facts, p);
+        assert!(
+            c.tasks
+                .values()
+                .all(|t| t.previous.iter().all(|p| p.pod != "b")),
+            "b is gone: it holds nothing back ({c:?})"
+        );
+    }
+
+    #[test]
     fn a_new_pod_warms_up_as_a_standby_before_it_takes_tasks_over() {
         let p = Params {
             tasks: 4,
@@ -875,6 +1115,154 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Three pods, 36 tasks and one standby each, settled from pods that came up one
+    /// after another (so the standby layout is uneven), every copy reported.
+    fn joined_one_by_one(first: &[&str], p: Params) -> (Assignment, Vec<PodFacts>) {
+        let names = ["app-0", "app-1", "app-2"];
+        let a = settle(next(None, &up(first), p), &up(first), p);
+        let mut facts = up(&names);
+        let mut a = settle(next(Some(&a), &facts, p), &facts, p);
+        for _ in 0..8 {
+            report(&a, &mut facts, 0);
+            let n = settle(next(Some(&a), &facts, p), &facts, p);
+            if n == a {
+                break;
+            }
+            a = n;
+        }
+        (a, facts)
+    }
+
+    #[test]
+    fn a_drain_gives_the_tasks_that_stay_no_reason_to_move_even_with_warm_copies() {
+        // The end-to-end scale-in: the drain's receivers follow the standbys, which were
+        // not split evenly, so balancing used to hand a staying pod's task (its standby
+        // warm on the other staying pod) over as well.
+        let p = Params {
+            tasks: 12,
+            stages: 3,
+            standby_replicas: 1,
+            warmup_max_lag: 1000,
+        };
+        for first in [&["app-0"][..], &["app-1"], &["app-0", "app-2"]] {
+            let (a, mut facts) = joined_one_by_one(first, p);
+            // Cold standbys when the scale-in starts: nothing moves yet.
+            report(&a, &mut facts, 5000);
+            facts[2].draining = true;
+            let b = settle(next(Some(&a), &facts, p), &facts, p);
+            check(&b, &facts, p);
+            assert_eq!(actives(&b), actives(&a), "{first:?}: copies are cold");
+            // The copies catch up (every pod runs b): the draining pod's tasks move.
+            report(&b, &mut facts, 0);
+            let c = settle(next(Some(&b), &facts, p), &facts, p);
+            check(&c, &facts, p);
+            assert_eq!(count(&c, "app-2"), 0, "{first:?}: {c:?}");
+            for (t, tp) in &a.tasks {
+                if tp.active != "app-2" {
+                    assert_eq!(c.tasks[t].active, tp.active, "{first:?}: task {t} stays");
+                }
+            }
+            assert_eq!((count(&c, "app-0"), count(&c, "app-1")), (18, 18), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn tasks_on_pods_that_stay_never_move_for_a_drain_even_with_warm_copies() {
+        let mut rng = Rng(0x6a09e667f3bcc908);
+        for _ in 0..300 {
+            let p = Params {
+                tasks: 1 + rng.below(24) as u32,
+                stages: 1 + rng.below(3) as u32,
+                standby_replicas: 1 + rng.below(2) as u32,
+                warmup_max_lag: 100,
+            };
+            let n = 3 + rng.below(4) as usize;
+            let names: Vec<String> = (0..n).map(|i| format!("app-{i}")).collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            // Some pods come up first, so the standbys are not laid out evenly.
+            let early = 1 + rng.below(n as u64 - 1) as usize;
+            let a = settle(next(None, &up(&refs[..early]), p), &up(&refs[..early]), p);
+            let mut facts = up(&refs);
+            let mut a = settle(next(Some(&a), &facts, p), &facts, p);
+            report(&a, &mut facts, 0);
+            a = settle(next(Some(&a), &facts, p), &facts, p);
+            // The last pods drain, at least one stays; the copies are cold, then warm.
+            let drain = 1 + rng.below(n as u64 - 1) as usize;
+            report(&a, &mut facts, 5000);
+            for f in facts.iter_mut().skip(n - drain) {
+                f.draining = true;
+            }
+            let mut c = settle(next(Some(&a), &facts, p), &facts, p);
+            // Each round, the copies placed last catch up.
+            for _ in 0..4 {
+                report(&c, &mut facts, 0);
+                c = settle(next(Some(&c), &facts, p), &facts, p);
+                check(&c, &facts, p);
+                for (t, tp) in &a.tasks {
+                    let stays = facts_of(&facts, &tp.active).is_some_and(|f| !f.draining);
+                    assert!(
+                        !stays || c.tasks[t].active == tp.active,
+                        "task {t} was on a pod that stays: {a:?} -> {c:?}"
+                    );
+                }
+            }
+            assert!(
+                c.tasks
+                    .values()
+                    .all(|tp| facts_of(&facts, &tp.active).is_some_and(|f| !f.draining)),
+                "the draining pods ran out of tasks: {c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_assignment_that_tracked_no_previous_actives_names_every_pod_behind() {
+        // From an older operator, or the floor after the ConfigMap was lost: where tasks
+        // ran is unknown, so a pod that has not acknowledged it may run any of them.
+        let p = Params {
+            tasks: 4,
+            stages: 1,
+            standby_replicas: 0,
+            warmup_max_lag: 0,
+        };
+        let mut old = next(None, &up(&["a", "b"]), p);
+        old.tracks_previous = false;
+        for tp in old.tasks.values_mut() {
+            tp.previous.clear();
+        }
+        let mut facts = up(&["a", "b", "c"]);
+        facts[0].acknowledged = Some(old.generation);
+        facts[1].acknowledged = Some(old.generation - 1);
+        let n = next(Some(&old), &facts, p);
+        assert!(n.tracks_previous);
+        assert_eq!(n.generation, old.generation + 1);
+        for (t, tp) in &n.tasks {
+            let mut want: Vec<&str> = Vec::new();
+            if old.tasks[t].active != tp.active {
+                want.push(&old.tasks[t].active);
+            }
+            if tp.active != "b" && !want.contains(&"b") {
+                want.push("b");
+            }
+            if tp.active != "c" {
+                want.push("c");
+            }
+            let got: Vec<&str> = tp.previous.iter().map(|p| p.pod.as_str()).collect();
+            assert_eq!(got, want, "task {t}: {tp:?}");
+        }
+        // Once they acknowledged, a change drops them.
+        for f in facts.iter_mut() {
+            f.acknowledged = Some(n.generation);
+        }
+        facts.pop();
+        let m = next(Some(&n), &facts, p);
+        assert!(
+            m.tasks
+                .values()
+                .all(|tp| tp.previous.iter().all(|p| p.until > n.generation))
+        );
     }
 
     #[test]

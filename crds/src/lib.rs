@@ -5,6 +5,7 @@
 //! perform I/O: no Kubernetes client, no Kafka client.
 
 pub mod assignment;
+pub mod cel_cost;
 pub mod crd;
 pub mod duration;
 pub mod names;

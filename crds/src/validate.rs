@@ -30,6 +30,16 @@ pub enum ValidationError {
         expr: String,
         message: String,
     },
+    #[error(
+        "{path}: CEL expression {expr:?} may cost {estimated} units on records with lists of {assumed} elements, over the budget of {budget}: nested comprehensions multiply; iterate once, or move the work to a custom step"
+    )]
+    ExpressionTooCostly {
+        path: String,
+        expr: String,
+        estimated: u64,
+        assumed: u64,
+        budget: u64,
+    },
     #[error("{path}: {message}")]
     InvalidDuration { path: String, message: String },
     #[error(
@@ -169,6 +179,7 @@ impl ValidationError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::InvalidExpression { .. } => "InvalidExpression",
+            Self::ExpressionTooCostly { .. } => "ExpressionTooCostly",
             Self::InvalidDuration { .. } => "InvalidDuration",
             Self::DuplicateStore { .. } => "DuplicateStore",
             Self::UnusedStoreSettings { .. } => "UnusedStoreSettings",
@@ -450,18 +461,32 @@ pub fn validate_app(app: &crate::StreamApp) -> Vec<ValidationError> {
 pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
     let mut errors = Vec::new();
     for (path, expr) in expressions(spec) {
-        if let Err(e) = cel::Program::compile(&expr) {
-            let message = e
-                .to_string()
-                .lines()
-                .next()
-                .unwrap_or("syntax error")
-                .to_string();
-            errors.push(ValidationError::InvalidExpression {
-                path,
-                expr,
-                message,
-            });
+        match cel::Program::compile(&expr) {
+            Ok(p) => {
+                let estimated = crate::cel_cost::estimate(&p).at(crate::cel_cost::ASSUMED_SIZE);
+                if estimated > crate::cel_cost::BUDGET {
+                    errors.push(ValidationError::ExpressionTooCostly {
+                        path,
+                        expr,
+                        estimated,
+                        assumed: crate::cel_cost::ASSUMED_SIZE,
+                        budget: crate::cel_cost::BUDGET,
+                    });
+                }
+            }
+            Err(e) => {
+                let message = e
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("syntax error")
+                    .to_string();
+                errors.push(ValidationError::InvalidExpression {
+                    path,
+                    expr,
+                    message,
+                });
+            }
         }
     }
     for (path, d) in durations(spec) {
@@ -920,6 +945,24 @@ spec:
         );
         assert_eq!(a.dead_letter_topic().as_deref(), Some("ns.fraud-dlq"));
         assert_eq!(a.transactional_id(crate::TaskId::new(1, 3)), "ns.fraud-1_3");
+    }
+
+    #[test]
+    fn a_triply_nested_comprehension_is_refused_as_too_costly_and_a_single_pass_is_not() {
+        let nested = "value.a.all(i, value.a.all(j, value.a.exists(k, k == i + j)))";
+        let a = app(&BASE.replace("value.count > 5", nested));
+        let errs = validate_spec(&a.spec);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].reason(), "ExpressionTooCostly");
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("spec.steps[2].filter.cel: CEL expression"),
+            "{}",
+            errs[0]
+        );
+        let once = app(&BASE.replace("value.count > 5", "value.items.all(i, i.price > 0)"));
+        assert_eq!(validate_spec(&once.spec), vec![]);
     }
 
     #[test]

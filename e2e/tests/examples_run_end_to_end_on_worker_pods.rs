@@ -99,8 +99,8 @@ async fn finish(ns: TestNamespace, operator: OperatorProcess) {
 #[tokio::test]
 async fn the_dedupe_example_passes_each_payment_once_and_dead_letters_garbage() {
     let (manifest, name, source, sink) = example("dedupe.yaml");
-    let dlq = format!("{}.{name}-dlq", ns.name);
     let (ns, operator) = run("ex-dedupe", &manifest, &name, &[(&source, 3), (&sink, 3)]).await;
+    let dlq = format!("{}.{name}-dlq", ns.name);
 
     // 200 payments, the first 50 sent twice more (retries), and one unreadable record.
     let p = producer();

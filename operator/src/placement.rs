@@ -331,11 +331,13 @@ mod tests {
                         TaskPlacement {
                             active: a.to_string(),
                             standbys: vec![],
+                            ..Default::default()
                         },
                     )
                 })
                 .collect(),
             pods: vec![],
+            tracks_previous: true,
         }
     }
 

@@ -53,6 +53,7 @@ pub mod reason {
         CLEANUP_TIMED_OUT = "CleanupTimedOut" on [super::STALLED];
         // Spec problems found by crds/src/validate.rs, and children the API server refuses.
         INVALID_EXPRESSION = "InvalidExpression" on [super::READY, super::STALLED];
+        EXPRESSION_TOO_COSTLY = "ExpressionTooCostly" on [super::READY, super::STALLED];
         INVALID_DURATION = "InvalidDuration" on [super::READY, super::STALLED];
         DUPLICATE_STORE = "DuplicateStore" on [super::READY, super::STALLED];
         UNUSED_STORE_SETTINGS = "UnusedStoreSettings" on [super::READY, super::STALLED];
@@ -108,6 +109,7 @@ pub mod reason {
     pub fn of(e: &ValidationError) -> Reason {
         match e {
             ValidationError::InvalidExpression { .. } => INVALID_EXPRESSION,
+            ValidationError::ExpressionTooCostly { .. } => EXPRESSION_TOO_COSTLY,
             ValidationError::InvalidDuration { .. } => INVALID_DURATION,
             ValidationError::DuplicateStore { .. } => DUPLICATE_STORE,
             ValidationError::UnusedStoreSettings { .. } => UNUSED_STORE_SETTINGS,

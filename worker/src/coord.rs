@@ -43,6 +43,8 @@ pub enum CoordError {
 /// How often the entry is rewritten while nothing changes: the operator reads its
 /// `updatedAt` as a heartbeat (failover of a silent pod).
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// No heartbeat is written once the processing loop has been silent this long.
+const LOOP_SILENCE: Duration = Duration::from_secs(10);
 /// Changes are written at most this often (a restore's progress changes constantly).
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -53,11 +55,15 @@ const HOLDER_SILENT: Duration = Duration::from_secs(15);
 /// This worker's tasks from the published assignment and the pods' reports.
 ///
 /// A new active task is held back (`held_elsewhere`) while another pod listed in the
-/// assignment, whose entry is still fresh (written within [`HOLDER_SILENT`]):
+/// assignment, whose entry is still fresh (it changed within [`HOLDER_SILENT`] by this
+/// pod's own clock, see [`Freshness`]):
 /// - reports the task as active: its previous owner has not released it yet; or
-/// - has not acknowledged this generation: it may still be starting the task from an
-///   older one (a pod acknowledges generation G only after releasing everything G does
-///   not give it, and its tasks and acknowledgement come from one snapshot).
+/// - is one of the task's previous actives and has not acknowledged the generation
+///   that moved the task away: it may still be starting it from an older generation (a
+///   pod acknowledges generation G only after releasing everything G does not give it,
+///   and its tasks and acknowledgement come from one snapshot). Any other pod, however
+///   far behind (a long restore), holds nothing back. An assignment from an older
+///   operator lists no previous actives: then every unacknowledging pod holds back.
 ///
 /// A pod that is gone is not listed, and one that went silent no longer counts, so
 /// their tasks start at once. A pod that never wrote an entry never ran a task. An
@@ -66,7 +72,7 @@ pub fn desired_for(
     me: &str,
     a: &Assignment,
     instances: &[InstanceStatus],
-    now: chrono::DateTime<chrono::Utc>,
+    fresh: &dyn Fn(&InstanceStatus) -> bool,
 ) -> Desired {
     let mut d = Desired {
         generation: a.generation,
@@ -79,24 +85,27 @@ pub fn desired_for(
             d.standby.insert(*t);
         }
     }
-    let fresh = |i: &InstanceStatus| {
-        i.updated_at
-            .as_deref()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .is_some_and(|t| {
-                (now - t.with_timezone(&chrono::Utc))
-                    .to_std()
-                    .map_or(true, |age| age < HOLDER_SILENT)
-            })
-    };
     for i in instances {
         let listed = a.pods.is_empty() || a.pods.contains(&i.pod);
         if i.pod == me || !listed || !fresh(i) {
             continue;
         }
-        if i.assignment_generation.unwrap_or(0) < a.generation {
-            d.held_elsewhere.extend(d.active.iter().copied());
-            continue;
+        let acked = i.assignment_generation.unwrap_or(0);
+        if acked < a.generation {
+            if !a.tracks_previous {
+                d.held_elsewhere.extend(d.active.iter().copied());
+                continue;
+            }
+            for t in &d.active {
+                let was_its = a.tasks.get(t).is_some_and(|p| {
+                    p.previous
+                        .iter()
+                        .any(|prev| prev.pod == i.pod && acked < prev.until)
+                });
+                if was_its {
+                    d.held_elsewhere.insert(*t);
+                }
+            }
         }
         for t in &i.active_tasks {
             if let Ok(t) = t.parse::<TaskId>()
@@ -107,6 +116,39 @@ pub fn desired_for(
         }
     }
     d
+}
+
+/// When each pod's entry last changed, by this pod's monotonic clock. A holder is fresh
+/// while its entry keeps changing (every heartbeat rewrites `updatedAt`): the writer's
+/// wall clock is never compared with ours, so a node whose clock runs ahead cannot look
+/// fresh forever, and one that runs behind is not taken for dead.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    seen: BTreeMap<String, (Option<String>, Instant)>,
+}
+
+impl Freshness {
+    /// Records the entries as seen now.
+    pub fn observe(&mut self, instances: &[InstanceStatus], now: Instant) {
+        for i in instances {
+            let changed = self
+                .seen
+                .get(&i.pod)
+                .is_none_or(|(stamp, _)| *stamp != i.updated_at);
+            if changed {
+                self.seen.insert(i.pod.clone(), (i.updated_at.clone(), now));
+            }
+        }
+    }
+
+    /// The entry changed within [`HOLDER_SILENT`] before `now`.
+    pub fn fresh(&self, i: &InstanceStatus, now: Instant) -> bool {
+        self.seen.get(&i.pod).is_some_and(|(stamp, at)| {
+            i.updated_at.is_some()
+                && *stamp == i.updated_at
+                && now.saturating_duration_since(*at) < HOLDER_SILENT
+        })
+    }
 }
 
 /// This pod's status entry from the worker's own status.
@@ -219,6 +261,7 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
     // Nothing is published before both watches delivered: without the pods' reports a
     // task could start while its previous owner still runs it.
     let mut instances: Option<Vec<InstanceStatus>> = None;
+    let mut freshness = Freshness::default();
     // Reports go stale without any event: look again now and then.
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
@@ -252,7 +295,11 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
         let (Some(a), Some(instances)) = (&assignment, &instances) else {
             continue;
         };
-        shared.set_desired(desired_for(&cfg.pod, a, instances, chrono::Utc::now()));
+        let now = Instant::now();
+        freshness.observe(instances, now);
+        shared.set_desired(desired_for(&cfg.pod, a, instances, &|i| {
+            freshness.fresh(i, now)
+        }));
         let addresses = instances
             .iter()
             .filter_map(|i| Some((i.pod.clone(), i.address.clone()?)))
@@ -278,18 +325,31 @@ enum Fact {
 
 /// Writes this pod's entry on every change (at most once a second) and as a heartbeat.
 async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<Shared>) {
+    let events = Notices::new(client.clone(), &cfg);
     let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
     let mut last: Option<(InstanceStatus, Instant)> = None;
     let mut backoff = Duration::ZERO;
+    let mut silenced = false;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         if shared.reporting_closed() {
             // The final report has the last word.
             return;
         }
+        events.publish(shared.take_notices()).await;
         let Some(s) = shared.snapshot() else {
             continue;
         };
+        // The heartbeat speaks for the processing loop, not for this task: a loop that
+        // stopped turning stops the heartbeat, so the operator fails its tasks over.
+        if !shared.liveness.beat_within(LOOP_SILENCE) {
+            if !silenced {
+                tracing::warn!(silent_for = ?LOOP_SILENCE, "the processing loop is not turning: status heartbeat suspended");
+                silenced = true;
+            }
+            continue;
+        }
+        silenced = false;
         let entry = instance_entry(&cfg.pod, &cfg.address, &s);
         let due = match &last {
             None => true,
@@ -313,6 +373,47 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
                 backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
                 tracing::warn!(error = %e, retry_in = ?backoff, "status entry not written");
                 tokio::time::sleep(backoff).await;
+            }
+        }
+    }
+}
+
+/// The engine's warnings (state moved aside, …) as Warning events on the StreamApp,
+/// so `kubectl describe sapp` shows them next to the operator's.
+struct Notices {
+    recorder: kube::runtime::events::Recorder,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+}
+
+impl Notices {
+    fn new(client: kube::Client, cfg: &CoordConfig) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "oxbow-worker".into(),
+            instance: Some(cfg.pod.clone()),
+        };
+        Self {
+            recorder: kube::runtime::events::Recorder::new(client, reporter),
+            reference: k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(format!("{}/v1alpha1", oxbow_crds::API_GROUP)),
+                kind: Some("StreamApp".into()),
+                name: Some(cfg.app.clone()),
+                namespace: Some(cfg.namespace.clone()),
+                ..Default::default()
+            },
+        }
+    }
+
+    async fn publish(&self, notices: Vec<(String, String)>) {
+        for (reason, note) in notices {
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason,
+                note: Some(note),
+                action: "OpenState".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&ev, &self.reference).await {
+                tracing::warn!(error = %e, "failed to publish an event");
             }
         }
     }
@@ -381,7 +482,7 @@ pub fn reported(i: &InstanceStatus) -> BTreeSet<String> {
 mod tests {
     use super::*;
     use crate::status::TaskStatus;
-    use oxbow_crds::assignment::TaskPlacement;
+    use oxbow_crds::assignment::{PreviousActive, TaskPlacement};
 
     fn assignment(
         generation: i64,
@@ -398,21 +499,21 @@ mod tests {
                         TaskPlacement {
                             active: a.to_string(),
                             standbys: s.iter().map(|x| x.to_string()).collect(),
+                            previous: vec![],
                         },
                     )
                 })
                 .collect(),
             pods: pods.iter().map(|p| p.to_string()).collect(),
+            tracks_previous: true,
         }
     }
 
-    fn now() -> chrono::DateTime<chrono::Utc> {
-        chrono::DateTime::parse_from_rfc3339("2026-11-29T12:00:30Z")
-            .expect("time")
-            .with_timezone(&chrono::Utc)
+    fn always(_: &InstanceStatus) -> bool {
+        true
     }
 
-    /// A report written at 12:00:25 (fresh at `now`), acknowledging `generation`.
+    /// A report acknowledging `generation`.
     fn report(pod: &str, generation: i64, active: &[i32]) -> InstanceStatus {
         InstanceStatus {
             pod: pod.into(),
@@ -423,16 +524,24 @@ mod tests {
         }
     }
 
+    /// Tasks 0 and 1 on app-1; task 0 came from app-0 in generation 3.
     fn three_tasks(generation: i64) -> Assignment {
-        assignment(
+        let mut a = assignment(
             generation,
             &[
                 (0, "app-1", &["app-0"]),
                 (1, "app-1", &[]),
                 (2, "app-0", &["app-1"]),
             ],
-            &["app-0", "app-1"],
-        )
+            &["app-0", "app-1", "app-2"],
+        );
+        if let Some(t) = a.tasks.get_mut(&TaskId::new(0, 0)) {
+            t.previous = vec![PreviousActive {
+                pod: "app-0".into(),
+                until: 3,
+            }];
+        }
+        a
     }
 
     #[test]
@@ -442,7 +551,7 @@ mod tests {
             "app-1",
             &a,
             &[report("app-0", 3, &[0, 2]), report("app-1", 2, &[1])],
-            now(),
+            &always,
         );
         assert_eq!(
             d.active,
@@ -458,33 +567,83 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_that_has_not_acknowledged_the_generation_holds_every_new_active_back() {
-        // app-0 restarted and may be starting tasks of an older generation right now:
-        // its report lists nothing, but it has not acknowledged generation 3.
-        let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 0, &[])], now());
-        assert_eq!(
-            d.held_elsewhere,
-            BTreeSet::from([TaskId::new(0, 0), TaskId::new(0, 1)])
+    fn only_a_previous_active_that_has_not_acknowledged_the_move_holds_a_task_back() {
+        // app-0 restarted and may be starting task 0 from an older generation: its report
+        // lists nothing, but it has not acknowledged generation 3, which moved task 0.
+        let d = desired_for(
+            "app-1",
+            &three_tasks(3),
+            &[report("app-0", 2, &[])],
+            &always,
         );
-        let d = desired_for("app-1", &three_tasks(3), &[report("app-0", 3, &[2])], now());
+        assert_eq!(d.held_elsewhere, BTreeSet::from([TaskId::new(0, 0)]));
+        let d = desired_for(
+            "app-1",
+            &three_tasks(3),
+            &[report("app-0", 3, &[2])],
+            &always,
+        );
         assert!(d.held_elsewhere.is_empty(), "acknowledged and released");
+        // app-2 restores for a long time and never acknowledges: it ran none of app-1's
+        // tasks, so it holds none of them back.
+        let d = desired_for(
+            "app-1",
+            &three_tasks(5),
+            &[report("app-2", 1, &[])],
+            &always,
+        );
+        assert!(d.held_elsewhere.is_empty(), "{:?}", d.held_elsewhere);
+        // From an older operator (no previous actives): any unacknowledging pod holds.
+        let mut old = three_tasks(5);
+        old.tracks_previous = false;
+        let d = desired_for("app-1", &old, &[report("app-2", 1, &[])], &always);
+        assert_eq!(d.held_elsewhere.len(), 2);
     }
 
     #[test]
     fn a_gone_or_silent_previous_owner_does_not_hold_a_task_back() {
         let a = assignment(4, &[(0, "app-1", &[])], &["app-1"]);
-        let d = desired_for("app-1", &a, &[report("app-0", 3, &[0])], now());
+        let d = desired_for("app-1", &a, &[report("app-0", 3, &[0])], &always);
         assert!(
             d.held_elsewhere.is_empty(),
             "app-0 is not listed: it is gone"
         );
-        let mut silent = report("app-0", 3, &[0]);
-        silent.updated_at = Some("2026-11-29T12:00:00Z".into());
-        let d = desired_for("app-1", &three_tasks(4), &[silent], now());
+        let d = desired_for(
+            "app-1",
+            &three_tasks(4),
+            &[report("app-0", 3, &[0])],
+            &|_| false,
+        );
         assert!(
             d.held_elsewhere.is_empty(),
-            "app-0 has not written for 30 s: it is dead or wedged"
+            "app-0 has not written for a while: it is dead or wedged"
         );
+    }
+
+    #[test]
+    fn freshness_is_measured_on_this_pods_clock_not_the_writers() {
+        let t0 = Instant::now();
+        let mut f = Freshness::default();
+        // Written by a node whose clock runs an hour ahead: fresh only while it changes.
+        let mut ahead = report("app-0", 3, &[0]);
+        ahead.updated_at = Some("2099-01-01T00:00:00Z".into());
+        f.observe(std::slice::from_ref(&ahead), t0);
+        assert!(f.fresh(&ahead, t0 + Duration::from_secs(5)));
+        let later = t0 + HOLDER_SILENT + Duration::from_secs(1);
+        f.observe(std::slice::from_ref(&ahead), later);
+        assert!(
+            !f.fresh(&ahead, later),
+            "an entry that stopped changing goes stale, whatever its timestamp says"
+        );
+        // One whose clock runs behind stays fresh while it keeps writing.
+        let mut behind = report("app-1", 3, &[1]);
+        for n in 0..5u64 {
+            behind.updated_at = Some(format!("2000-01-01T00:00:{:02}Z", n * 5));
+            let now = t0 + Duration::from_secs(n * 5);
+            f.observe(std::slice::from_ref(&behind), now);
+            assert!(f.fresh(&behind, now + Duration::from_secs(4)));
+        }
+        assert!(!f.fresh(&report("app-9", 3, &[]), t0), "never seen");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cel::objects::{Key, Map};
 use cel::{Context, Program, Value};
+use oxbow_crds::cel_cost::{self, Cost};
 use serde_json::Value as Json;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,6 +25,16 @@ pub enum ExprError {
         path: String,
         expr: String,
         message: String,
+    },
+    #[error(
+        "CostExceeded: {path} ({expr:?}) would cost {cost} units on this record (its largest list or string has {size} elements), over the per-record budget of {budget}"
+    )]
+    CostExceeded {
+        path: String,
+        expr: String,
+        cost: u64,
+        size: u64,
+        budget: u64,
     },
     #[error("{path} ({expr:?}) returned {got}, expected {want}")]
     Type {
@@ -58,6 +69,8 @@ pub struct Expr {
     /// without converting the record to CEL (most groupBy, sum and timestamp
     /// expressions). Same results and errors as CEL's field selection.
     selection: Option<(Var, Vec<String>)>,
+    /// What one evaluation may cost, by the size of the record (see `cel_cost`).
+    cost: Arc<Cost>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +142,7 @@ impl Expr {
             Ok(p) => Ok(Self {
                 path,
                 source: source.to_string(),
+                cost: Arc::new(cel_cost::estimate(&p)),
                 program: Arc::new(p),
                 selection: selection(source),
             }),
@@ -194,6 +208,7 @@ impl Expr {
             }
             return Ok(to_cel(v));
         }
+        self.check_cost(input, other)?;
         let mut ctx = env.root.new_inner_scope();
         ctx.add_variable_from_value("key", to_cel(input.key));
         ctx.add_variable_from_value("value", to_cel(input.value));
@@ -206,6 +221,31 @@ impl Expr {
             expr: self.source.clone(),
             message: e.to_string(),
         })
+    }
+
+    /// Refuses, before any work, an evaluation whose cost for this record's sizes is
+    /// over the budget. Only expressions whose cost depends on the record look at it.
+    fn check_cost(&self, input: &Input<'_>, other: Option<&Json>) -> Result<(), ExprError> {
+        if self.cost.degree() == 0 {
+            return Ok(());
+        }
+        let size = [Some(input.key), Some(input.value), other]
+            .into_iter()
+            .flatten()
+            .map(cel_cost::size_of)
+            .max()
+            .unwrap_or(1);
+        let cost = self.cost.at(size);
+        if cost > cel_cost::BUDGET {
+            return Err(ExprError::CostExceeded {
+                path: self.path.clone(),
+                expr: self.source.clone(),
+                cost,
+                size,
+                budget: cel_cost::BUDGET,
+            });
+        }
+        Ok(())
     }
 
     fn type_error(&self, got: &Value, want: &'static str) -> ExprError {
@@ -357,6 +397,29 @@ mod tests {
         assert!(
             msg.contains("line") || msg.contains(':'),
             "position missing: {msg}"
+        );
+    }
+
+    #[test]
+    fn a_record_too_large_for_a_nested_comprehension_is_refused_before_any_work() {
+        let env = Env::default();
+        let e = Expr::compile(
+            "spec.steps[0].filter.cel",
+            "value.a.all(i, value.a.exists(j, j == i))",
+        )
+        .expect("compiles");
+        let k = json!("k");
+        let small = json!({"a": [1, 2, 3]});
+        assert_eq!(e.bool(&env, &input(&k, &small)), Ok(true));
+        let big = json!({"a": (0..20_000).collect::<Vec<_>>()});
+        let err = e.bool(&env, &input(&k, &big)).expect_err("over budget");
+        assert!(
+            matches!(err, ExprError::CostExceeded { size: 20_000, .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("CostExceeded: spec.steps[0].filter.cel")
         );
     }
 

@@ -23,10 +23,25 @@ pub fn routes(
     let s2 = shared.clone();
     let s3 = shared;
     let healthz = warp::path!("healthz").map(move || {
-        if s1.snapshot().is_some() {
-            warp::reply::with_status("ok", StatusCode::OK)
-        } else {
-            warp::reply::with_status("engine state poisoned", StatusCode::INTERNAL_SERVER_ERROR)
+        use crate::liveness::Verdict;
+        if s1.snapshot().is_none() {
+            return warp::reply::with_status(
+                "engine state poisoned".to_string(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            );
+        }
+        match s1.liveness.verdict() {
+            Verdict::NotStarted | Verdict::Alive => {
+                warp::reply::with_status("ok".to_string(), StatusCode::OK)
+            }
+            Verdict::Wedged { silent } => warp::reply::with_status(
+                format!(
+                    "the processing loop has made no progress for {}s (liveness timeout {}s)",
+                    silent.as_secs(),
+                    s1.liveness.timeout().as_secs()
+                ),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
         }
     });
     let readyz = warp::path!("readyz").map(move || {

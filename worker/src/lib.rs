@@ -17,6 +17,7 @@ pub mod decode;
 pub mod engine;
 pub mod expr;
 pub mod http;
+pub mod liveness;
 pub mod metrics;
 pub mod overlay;
 pub mod processor;
@@ -37,6 +38,7 @@ pub use processor::{Context, Processor, ProcessorFactory, Record, StepError};
 pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Result<()> {
     let app = Arc::new(app);
     let shared = Arc::new(status::Shared::default());
+    shared.liveness.set_timeout(opts.liveness_timeout);
     // Standalone `--peers`: where instance N serves queries, for forwarding.
     if let Ok(mut r) = shared.routing.write() {
         r.addresses.extend(

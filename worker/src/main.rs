@@ -75,11 +75,15 @@ struct RunArgs {
     peers: Vec<String>,
     /// How often repartition records that every reader has committed past are deleted
     /// (DeleteRecords), as Kafka Streams' `repartition.purge.interval.ms`.
-    #[arg(long, env = "OXBOW_REPARTITION_PURGE_INTERVAL", default_value = "30s", value_parser = purge_interval)]
+    #[arg(long, env = "OXBOW_REPARTITION_PURGE_INTERVAL", default_value = "30s", value_parser = duration)]
     repartition_purge_interval: std::time::Duration,
+    /// `/healthz` fails (and the kubelet restarts the worker) once the processing loop,
+    /// or a restore it runs, has made no turn for this long.
+    #[arg(long, env = "OXBOW_LIVENESS_TIMEOUT", default_value = "60s", value_parser = duration)]
+    liveness_timeout: std::time::Duration,
 }
 
-fn purge_interval(s: &str) -> Result<std::time::Duration, String> {
+fn duration(s: &str) -> Result<std::time::Duration, String> {
     oxbow_crds::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
@@ -141,6 +145,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         peers: a.peers,
         coordination,
         repartition_purge_interval: a.repartition_purge_interval,
+        liveness_timeout: a.liveness_timeout,
     };
     tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
     oxbow_worker::run(app, opts, Some(a.listen))

@@ -30,6 +30,13 @@ pub struct StoreLabel {
     pub store: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuarantineLabel {
+    pub task: String,
+    /// `unreadable`, `foreign` or `bad_identity`.
+    pub reason: String,
+}
+
 pub struct Metrics {
     pub records_in: Family<TaskLabel, Counter>,
     pub records_out: Family<TaskLabel, Counter>,
@@ -44,6 +51,7 @@ pub struct Metrics {
     pub restore_rate: Family<TaskLabel, Gauge>,
     pub store_bytes: Family<StoreLabel, Gauge>,
     pub lag: Family<TaskLabel, Gauge>,
+    pub state_quarantined: Family<QuarantineLabel, Counter>,
     registry: Registry,
 }
 
@@ -63,6 +71,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         restore_rate: Family::default(),
         store_bytes: Family::default(),
         lag: Family::default(),
+        state_quarantined: Family::default(),
         registry: Registry::default(),
     };
     registry.register("records_in", "Source records read", m.records_in.clone());
@@ -121,6 +130,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "lag_records",
         "Source records not yet processed",
         m.lag.clone(),
+    );
+    registry.register(
+        "state_quarantined",
+        "Task state directories moved aside (unreadable or another task's) and restored from the changelog",
+        m.state_quarantined.clone(),
     );
     Metrics { registry, ..m }
 });

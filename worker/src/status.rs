@@ -46,6 +46,10 @@ pub struct RestoreProgress {
     pub seconds: f64,
     /// SST files ingested (bulk load of an empty store).
     pub ingested_files: u64,
+    /// Per source topic, the highest source offset a restored changelog record names
+    /// (`oxbow.source`): where the state's work ends when Kafka has no offsets.
+    #[serde(skip)]
+    pub sources_seen: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -159,6 +163,11 @@ pub struct Shared {
     pub routing: RwLock<Routing>,
     /// The global tables, once loaded, for queries: every worker holds them whole.
     pub globals: RwLock<Option<Arc<dyn crate::processor::Lookups>>>,
+    /// The processing loop's beats, for `/healthz` and the coordinator's heartbeat.
+    pub liveness: crate::liveness::Liveness,
+    /// Warnings for the StreamApp's events (reason, message), published by the
+    /// coordinator when there is one.
+    pub notices: Mutex<Vec<(String, String)>>,
 }
 
 impl Shared {
@@ -240,6 +249,19 @@ impl Shared {
     }
     pub fn remove_task(&self, task: TaskId) {
         self.update(|s| s.tasks.retain(|x| x.task != task));
+    }
+    /// Queues a warning event for the StreamApp.
+    pub fn notice(&self, reason: &str, message: String) {
+        if let Ok(mut n) = self.notices.lock() {
+            n.push((reason.to_string(), message));
+        }
+    }
+    /// Takes the queued warnings.
+    pub fn take_notices(&self) -> Vec<(String, String)> {
+        self.notices
+            .lock()
+            .map(|mut n| std::mem::take(&mut *n))
+            .unwrap_or_default()
     }
     /// The open store of a task, if this worker holds it.
     pub fn db(&self, task: TaskId) -> Option<Arc<TaskDb>> {

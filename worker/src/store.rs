@@ -16,6 +16,22 @@ use rocksdb::{
 };
 
 const META: &str = "oxbow.meta";
+/// The key in `oxbow.meta` of the directory's [`Identity`].
+const IDENTITY: &str = "identity";
+
+/// Whose state a task directory holds: written when the directory is first opened, and
+/// checked at every open, so a directory of another app, task or partitioning (a
+/// volume reused, a directory copied or swapped by hand) is never taken for this
+/// task's state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Identity {
+    pub application_id: String,
+    pub task: String,
+    /// Tasks per stage (the source partition count) when the state was written: keys
+    /// are spread over tasks by it.
+    pub partitions: u32,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -210,6 +226,31 @@ impl TaskDb {
             Some(Ok(_)) => Ok(false),
             Some(Err(source)) => Err(self.read_error(store, source)),
         }
+    }
+
+    /// The directory's identity; `Ok(None)` when it has none yet (new, or written
+    /// before identities), `Err` text when it is there but unreadable.
+    pub fn identity(&self) -> Result<Option<Result<Identity, String>>, StoreError> {
+        let raw = self
+            .db
+            .get_cf(self.meta()?, IDENTITY)
+            .map_err(|source| StoreError::Read {
+                task: self.task,
+                store: META.into(),
+                source,
+            })?;
+        Ok(raw.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
+    }
+
+    /// Records the directory's identity.
+    pub fn stamp(&self, identity: &Identity) -> Result<(), StoreError> {
+        let v = serde_json::to_vec(identity).unwrap_or_default();
+        self.db
+            .put_cf(self.meta()?, IDENTITY, v)
+            .map_err(|source| StoreError::Write {
+                task: self.task,
+                source,
+            })
     }
 
     pub fn checkpoint(&self) -> Result<Checkpoint, StoreError> {

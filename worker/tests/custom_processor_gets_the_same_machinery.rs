@@ -1,7 +1,8 @@
 //! The `Processor` trait gives Rust code the built-in steps' machinery: the example
 //! worker `worker/examples/custom_processor.rs` (a `RiskScore` step with its own store)
 //! runs a manifest; its store is changelogged, and a restart with the state dir deleted
-//! rebuilds it, so counting continues where it stopped.
+//! rebuilds it, so counting continues where it stopped. And a step that never returns
+//! (`worker/examples/stuck_step.rs`) fails `/healthz`, so the kubelet restarts the pod.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -13,15 +14,16 @@ use std::time::Duration;
 use serde_json::json;
 use support::*;
 
-fn example() -> std::path::PathBuf {
-    // target/release/deps/<this test> → target/release/examples/custom_processor
+fn example(name: &str) -> std::path::PathBuf {
+    // target/release/deps/<this test> → target/release/examples/<name>
     let exe = std::env::current_exe().unwrap();
     let p = exe
         .parent()
         .unwrap()
         .parent()
         .unwrap()
-        .join("examples/custom_processor");
+        .join("examples")
+        .join(name);
     assert!(
         p.exists(),
         "{} is missing: `cargo test` builds examples; run it through cargo",
@@ -37,7 +39,7 @@ fn run_until_done(manifest: &std::path::Path, state: &std::path::Path, input: &s
         .unwrap()
         .port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut child = Command::new(example())
+    let mut child = Command::new(example("custom_processor"))
         .arg(manifest)
         .arg(state)
         .arg(addr.to_string())
@@ -135,4 +137,81 @@ spec:
         changelog.iter().any(|c| c.key.as_deref() == Some("c1")),
         "the custom store is changelogged"
     );
+}
+
+#[test]
+fn a_step_that_never_returns_fails_healthz_while_an_idle_worker_passes_it() {
+    let app = unique("stuck");
+    let input = format!("{app}-in");
+    create_topic(&input, 1);
+    create_topic(&format!("{app}-out"), 1);
+    let dir = scratch_dir(&app);
+    let manifest = dir.join("app.yaml");
+    std::fs::write(
+        &manifest,
+        app_manifest(
+            &app,
+            "at_least_once",
+            &format!("  source: {{topics: [{input}]}}\n  sink: {{topic: {app}-out}}\n"),
+        ),
+    )
+    .unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let log = dir.join("stuck.log");
+    let mut child = Command::new(example("stuck_step"))
+        .arg(&manifest)
+        .arg(dir.join("state"))
+        .arg(addr.to_string())
+        .env("OXBOW_LIVENESS_TIMEOUT", "3s")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let healthz = || http_get(addr, "/healthz");
+
+    produce(&input, (0..3).map(|i| Input::json("k", json!({"i": i}))));
+    wait_for(
+        "the three records in the sink",
+        Duration::from_secs(60),
+        || {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "worker exited:\n{}",
+                logs()
+            );
+            (read_all(&format!("{app}-out"), "read_uncommitted").len() == 3).then_some(())
+        },
+    );
+    // Idle is not wedged: the loop keeps turning with nothing to read, for longer
+    // than the timeout.
+    let idle_until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < idle_until {
+        let h = healthz();
+        assert_eq!(
+            h.as_ref().map(|(c, _)| *c),
+            Some(200),
+            "an idle worker must stay healthy: {h:?}\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    produce(&input, [Input::json("k", json!({"stuck": true}))]);
+    let (_, why) = wait_for(
+        "/healthz to fail once the loop is stuck past the 3 s timeout",
+        Duration::from_secs(30),
+        || healthz().filter(|(c, _)| *c == 503),
+    );
+    assert!(
+        why.contains("no progress for") && why.contains("liveness timeout 3s"),
+        "the probe says why: {why}"
+    );
+    assert_eq!(
+        http_get(addr, "/readyz").map(|(c, _)| c),
+        Some(200),
+        "readiness is not what fails: the kubelet restarts on liveness"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -100,3 +100,47 @@ spec:
     );
     assert_eq!(got_cel, bad_cel, "every CEL failure is in the DLQ once");
 }
+
+#[test]
+fn a_record_too_large_for_its_expressions_budget_is_dead_lettered_as_cost_exceeded() {
+    let app = unique("costly");
+    let input = format!("{app}-in");
+    create_topic(&input, 1);
+    create_topic(&format!("{app}-out"), 1);
+    // Every pair of items is compared: fine on ordinary records, about 10^8 steps on
+    // one with 10 000 items.
+    let filter = "value.items.all(i, value.items.exists(j, j >= i))";
+    let big: Vec<i64> = (0..10_000).collect();
+    produce(
+        &input,
+        [
+            Input::json("a", json!({"items": [3, 1, 2]})),
+            Input::json("huge", json!({"items": big})),
+            Input::json("b", json!({"items": [5]})),
+        ],
+    );
+    let manifest = app_manifest(
+        &app,
+        "exactly_once",
+        &format!(
+            "  source: {{topics: [{input}]}}\n  steps:\n  - name: pairs\n    filter: {{cel: \"{filter}\"}}\n  sink: {{topic: {app}-out}}\n"
+        ),
+    );
+    let dir = scratch_dir(&app);
+    WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
+    let out: Vec<String> = read_all(&format!("{app}-out"), "read_committed")
+        .into_iter()
+        .map(|o| o.key.unwrap())
+        .collect();
+    assert_eq!(out, ["a", "b"], "the records around the costly one flow");
+    let dlq = read_all(&format!("{app}-dlq"), "read_committed");
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    let h = &dlq[0].headers;
+    assert_eq!(dlq[0].key.as_deref(), Some("huge"));
+    assert_eq!(h["oxbow.step"], "pairs");
+    assert!(
+        h["oxbow.error"].starts_with("CostExceeded: ")
+            && h["oxbow.error"].contains("10000 elements"),
+        "{h:?}"
+    );
+}

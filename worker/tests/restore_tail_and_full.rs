@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::json;
@@ -34,14 +35,24 @@ spec:
     )
 }
 
-#[test]
-fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
-    let app = unique("restore");
+/// A fresh app counting and summing `records` inputs over [`KEYS`] keys in two
+/// partitions: its name, input topic, scratch dir, state dir and worker.
+fn totals_app(
+    prefix: &str,
+    records: i64,
+) -> (
+    String,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    WorkerBuilder,
+) {
+    let app = unique(prefix);
     let input = format!("{app}-in");
     create_topic(&input, 2);
     produce(
         &input,
-        (0..40_000).map(|i| {
+        (0..records).map(|i| {
             Input::json(
                 &format!("k{}", i % KEYS),
                 json!({"k": format!("k{}", i % KEYS), "amount": i % 1000}),
@@ -51,6 +62,12 @@ fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
     let dir = scratch_dir(&app);
     let state = dir.join("state");
     let builder = WorkerBuilder::new(manifest(&app), &state);
+    (app, input, dir, state, builder)
+}
+
+#[test]
+fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
+    let (_, input, dir, state, builder) = totals_app("restore", 40_000);
 
     let mut w = builder.spawn();
     w.wait_ready(Duration::from_secs(60));
@@ -106,4 +123,140 @@ fn a_restart_restores_the_tail_and_a_lost_volume_is_rebuilt_equal_by_digest() {
         before,
         "rebuilt state equals the state before the loss"
     );
+}
+
+/// The metric line counting moved-aside directories of `task` for `reason`, if any.
+fn quarantined(w: &Worker, task: &str, reason: &str) -> Option<String> {
+    let (_, body) = http_get(w.addr, "/metrics")?;
+    body.lines()
+        .find(|l| {
+            l.starts_with("oxbow_worker_state_quarantined_total")
+                && l.contains(&format!("task=\"{task}\""))
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .map(str::to_string)
+}
+
+#[test]
+fn a_swapped_and_a_corrupted_state_directory_are_moved_aside_and_rebuilt_equal() {
+    let (app, input, dir, state, builder) = totals_app("quarantine", 10_000);
+    builder.process_all(&input);
+    let cfg = dir.join("app-0.yaml");
+    let before = digests(&cfg, &state);
+    assert_eq!(before.len(), 2, "two tasks with one store each: {before:?}");
+    let tasks = state.join(&app);
+    let quarantine = tasks.join("quarantine");
+
+    // Swapped by hand: each directory now holds the other task's keys.
+    std::fs::rename(tasks.join("0_0"), tasks.join("swap")).unwrap();
+    std::fs::rename(tasks.join("0_1"), tasks.join("0_0")).unwrap();
+    std::fs::rename(tasks.join("swap"), tasks.join("0_1")).unwrap();
+    let mut w = builder.spawn();
+    w.wait_ready(Duration::from_secs(120));
+    for t in w.status().unwrap()["tasks"].as_array().unwrap() {
+        let mode = t["restore"]["mode"].as_str().unwrap();
+        assert!(
+            mode.starts_with("full"),
+            "task {}: another task's directory is not its state: {mode}",
+            t["task"]
+        );
+    }
+    for task in ["0_0", "0_1"] {
+        assert!(
+            quarantined(&w, task, "foreign").is_some(),
+            "task {task}: the swap is counted as foreign state\n{}",
+            w.logs()
+        );
+    }
+    assert!(
+        w.logs().contains("holds the state of application"),
+        "the log says whose state it found"
+    );
+    w.stop();
+    assert_eq!(digests(&cfg, &state), before, "rebuilt from the changelog");
+    assert_eq!(
+        std::fs::read_dir(&quarantine).unwrap().count(),
+        2,
+        "both directories kept aside, not deleted"
+    );
+
+    // Corrupted: RocksDB cannot even open it. No crash loop: moved aside, rebuilt.
+    std::fs::write(tasks.join("0_0").join("CURRENT"), b"not a manifest name").unwrap();
+    let mut w = builder.spawn();
+    w.wait_ready(Duration::from_secs(120));
+    assert!(
+        quarantined(&w, "0_0", "unreadable").is_some(),
+        "the corrupted directory is counted\n{}",
+        w.logs()
+    );
+    w.stop();
+    assert_eq!(digests(&cfg, &state), before, "rebuilt from the changelog");
+    assert_eq!(std::fs::read_dir(&quarantine).unwrap().count(), 3);
+}
+
+#[test]
+fn exactly_once_without_group_offsets_resumes_after_the_restored_state_not_from_the_start() {
+    let app = unique("nooffsets");
+    let input = format!("{app}-in");
+    let out = format!("{app}-out");
+    create_topic(&input, 2);
+    create_topic(&out, 2);
+    let manifest = format!(
+        "{}  sink: {{topic: {out}}}\n",
+        manifest(&app).replace(
+            "fields: {n: {count: {}}",
+            "emit: onUpdate\n      fields: {n: {count: {}}"
+        )
+    );
+    let feed = |from: i64, to: i64| {
+        produce(
+            &input,
+            (from..to).map(|i| {
+                Input::json(
+                    &format!("k{}", i % 50),
+                    json!({"k": format!("k{}", i % 50), "amount": 1}),
+                )
+            }),
+        )
+    };
+    let dir = scratch_dir(&app);
+    let state = dir.join("state");
+    let builder = WorkerBuilder::new(manifest, &state);
+    feed(0, 1_000);
+    builder.process_all(&input);
+
+    // The group's offsets are gone (expired while stopped, or deleted), and so is the
+    // volume: only the changelog knows how far the state got.
+    delete_group(&app);
+    std::fs::remove_dir_all(&state).unwrap();
+    feed(1_000, 1_500);
+    let mut w = builder.spawn();
+    w.wait_ready(Duration::from_secs(120));
+    wait_for(
+        "every key's count to reach 30 (1 500 records over 50 keys)",
+        Duration::from_secs(120),
+        || {
+            assert!(w.exited().is_none(), "worker exited:\n{}", w.logs());
+            let mut last = BTreeMap::new();
+            for o in read_all(&out, "read_committed") {
+                let v = o.json();
+                last.insert(
+                    v["key"].as_str().unwrap().to_string(),
+                    v["n"].as_i64().unwrap(),
+                );
+            }
+            assert!(
+                last.values().all(|n| *n <= 30),
+                "a record was counted twice on top of the restored state: {last:?}\n{}",
+                w.logs()
+            );
+            (last.len() == 50 && last.values().all(|n| *n == 30)).then_some(())
+        },
+    );
+    assert!(
+        w.logs()
+            .contains("resuming after the last source offset the restored changelog holds"),
+        "the log says where it resumed and why"
+    );
+    w.stop();
 }

@@ -17,11 +17,12 @@ use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::kafka::{Producers, init_producers};
+use super::quarantine;
 use super::replay::Marks;
-use super::restore::{RestoreJob, restore_tasks, restore_total};
+use super::restore::{RestoreJob, restore_tasks, restore_total, resume_without_group_offset};
 use super::{Engine, EngineError, KAFKA_TIMEOUT};
 use crate::status::{Desired, RestoreProgress, Role, TaskState, TaskStatus};
-use crate::store::{StoreError, TaskDb};
+use crate::store::{Identity, StoreError, TaskDb};
 use crate::task::Task;
 
 /// Exactly-once: how long a new active waits for a previous owner that still reports
@@ -215,22 +216,103 @@ impl Engine {
         self.app.topology.stage_of_store(store)
     }
 
+    /// Opens a task's state, after checking it is this task's: a directory that
+    /// cannot be opened or belongs to another app, task or partitioning is moved aside
+    /// (see [`quarantine`]) and the task starts empty, to restore from its changelog.
     pub(super) fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
+        let dir = self.task_dir(id);
+        let expected = Identity {
+            application_id: self.app.application_id.clone(),
+            task: id.to_string(),
+            partitions: self.partitions,
+        };
+        let unusable = match self.open_dir(id, &dir)? {
+            Ok(db) => match quarantine::judge(db.identity()?, &expected) {
+                quarantine::Verdict::Use => return Ok(Arc::new(db)),
+                quarantine::Verdict::Stamp => {
+                    db.stamp(&expected)?;
+                    return Ok(Arc::new(db));
+                }
+                quarantine::Verdict::MoveAside(why) => why,
+            },
+            Err(why) => why,
+        };
+        self.move_aside(id, &dir, &unusable, &expected)?;
+        let db = self.open_dir(id, &dir)?.map_err(|why| {
+            EngineError::from(StoreError::Io {
+                path: dir.clone(),
+                source: std::io::Error::other(why.describe(&expected)),
+            })
+        })?;
+        db.stamp(&expected)?;
+        Ok(Arc::new(db))
+    }
+
+    /// Opens a directory; `Ok(Err(_))` when RocksDB refuses it for good.
+    fn open_dir(
+        &self,
+        id: TaskId,
+        dir: &std::path::Path,
+    ) -> Result<Result<TaskDb, quarantine::Unusable>, EngineError> {
         let stores = self.task_stores(id);
         // A query may still hold the handle of a store closed a moment ago (RocksDB's
         // LOCK is held until the last reader lets go): retry briefly.
         let mut tries = 0;
         loop {
-            match TaskDb::open(&self.task_dir(id), id, &stores, &self.memory) {
-                Ok(db) => return Ok(Arc::new(db)),
-                Err(e @ StoreError::Open { .. }) if tries < 50 => {
+            match TaskDb::open(dir, id, &stores, &self.memory) {
+                Ok(db) => return Ok(Ok(db)),
+                Err(StoreError::Open { source, .. })
+                    if quarantine::is_lock_held(&source.to_string()) =>
+                {
+                    if tries >= 50 {
+                        return Err(StoreError::Open {
+                            task: id,
+                            path: dir.to_path_buf(),
+                            source,
+                        }
+                        .into());
+                    }
                     tries += 1;
-                    tracing::debug!(task = %id, error = %e, "store still open elsewhere: retrying");
+                    tracing::debug!(task = %id, error = %source, "store still open elsewhere: retrying");
                     std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(StoreError::Open { source, .. }) => {
+                    return Ok(Err(quarantine::Unusable::Unreadable(source.to_string())));
                 }
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    fn move_aside(
+        &self,
+        id: TaskId,
+        dir: &std::path::Path,
+        why: &quarantine::Unusable,
+        expected: &Identity,
+    ) -> Result<(), EngineError> {
+        let moved = quarantine::move_aside(dir, crate::task::now_ms()).map_err(|source| {
+            StoreError::Io {
+                path: dir.to_path_buf(),
+                source,
+            }
+        })?;
+        let message = format!(
+            "task {id}: the state directory {} cannot be used ({}); moved to {} and restoring from the changelog",
+            dir.display(),
+            why.describe(expected),
+            moved.display()
+        );
+        tracing::warn!(task = %id, reason = why.label(), "{message}");
+        crate::metrics::METRICS
+            .state_quarantined
+            .get_or_create(&crate::metrics::QuarantineLabel {
+                task: id.to_string(),
+                reason: why.label().into(),
+            })
+            .inc();
+        self.shared.notice("StateQuarantined", message);
+        Ok(())
     }
 
     pub(super) fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
@@ -284,7 +366,7 @@ impl Engine {
         let starting = self.resume_positions(batch)?;
         let jobs: Vec<RestoreJob<'_>> = starting
             .iter()
-            .map(|(id, db, done)| RestoreJob {
+            .map(|(id, db, done, _)| RestoreJob {
                 id: *id,
                 db,
                 stores: self.task_stores(*id),
@@ -298,11 +380,17 @@ impl Engine {
         let mut outcome = StartOutcome::default();
         let mut first_error = None;
         let mut assign = TopicPartitionList::new();
-        for ((id, db, done), result) in starting.into_iter().zip(results) {
+        for ((id, db, mut done, missing), result) in starting.into_iter().zip(results) {
             match result {
                 Ok(progress) => {
                     tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
                         seconds = progress.seconds, rate = progress.records_per_second, "restored");
+                    if app.guarantee == ProcessingGuarantee::ExactlyOnce {
+                        // Exactly-once restores every committed changelog record: a
+                        // topic without a group offset resumes past all of them.
+                        resume_past_state(id, &mut done, &missing, &progress);
+                        self.committed.insert(id, done.clone());
+                    }
                     self.finish_start(id, db, done, &mut assign)?;
                     outcome.started.push(id);
                 }
@@ -341,7 +429,7 @@ impl Engine {
     fn resume_positions(
         &mut self,
         batch: Vec<(TaskId, Arc<TaskDb>)>,
-    ) -> Result<Vec<(TaskId, Arc<TaskDb>, BTreeMap<String, i64>)>, EngineError> {
+    ) -> Result<Vec<Resuming>, EngineError> {
         let app = self.app.clone();
         // What Kafka says is committed: the truth for where to resume and what to
         // restore. One request for the whole batch.
@@ -379,8 +467,13 @@ impl Engine {
             // commit; the positions kept with the state are then the best truth, far
             // better than reprocessing the topic from the start into existing state.
             let kept = db.checkpoint()?.source;
+            let mut missing = Vec::new();
             for topic in inputs {
-                if let (false, Some(pos)) = (done.contains_key(topic), kept.get(topic)) {
+                if done.contains_key(topic) {
+                    continue;
+                }
+                missing.push(topic.clone());
+                if let Some(pos) = kept.get(topic) {
                     tracing::warn!(task = %id, topic, position = pos,
                         "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
                     done.insert(topic.clone(), *pos);
@@ -390,7 +483,7 @@ impl Engine {
             if let Ok(mut dbs) = self.shared.dbs.write() {
                 dbs.insert(id, db.clone());
             }
-            starting.push((id, db, done));
+            starting.push((id, db, done, missing));
         }
         Ok(starting)
     }
@@ -489,4 +582,35 @@ impl Engine {
 pub(super) struct StartOutcome {
     started: Vec<TaskId>,
     superseded: Vec<(TaskId, Arc<TaskDb>)>,
+}
+
+/// A task about to restore: its store, where it resumes, and the input topics Kafka
+/// had no committed offset for.
+type Resuming = (TaskId, Arc<TaskDb>, BTreeMap<String, i64>, Vec<String>);
+
+/// Moves the position of each input topic that had no group offset past the work the
+/// restored state holds (see [`resume_without_group_offset`]).
+fn resume_past_state(
+    id: TaskId,
+    done: &mut BTreeMap<String, i64>,
+    missing: &[String],
+    progress: &RestoreProgress,
+) {
+    for topic in missing {
+        let kept = done.get(topic).copied();
+        let seen = progress.sources_seen.get(topic).copied();
+        match resume_without_group_offset(kept, seen) {
+            Some(pos) => {
+                if Some(pos) != kept {
+                    tracing::warn!(task = %id, topic, position = pos, kept = ?kept, last_in_changelog = ?seen,
+                        "no committed offset in Kafka: resuming after the last source offset the restored changelog holds");
+                }
+                done.insert(topic.clone(), pos);
+            }
+            None => {
+                tracing::warn!(task = %id, topic,
+                    "no committed offset in Kafka and none in the state: reading the topic from the start")
+            }
+        }
+    }
 }

@@ -32,6 +32,7 @@ pub mod lookups;
 pub mod merge;
 mod outputs;
 mod oversize;
+pub mod quarantine;
 pub mod replay;
 pub mod restore;
 mod run;
@@ -154,6 +155,8 @@ pub struct RunOptions {
     pub coordination: Option<crate::coord::CoordConfig>,
     /// How often consumed repartition records are deleted.
     pub repartition_purge_interval: Duration,
+    /// `/healthz` fails once the processing loop has not turned for this long.
+    pub liveness_timeout: Duration,
 }
 
 pub struct Engine {
@@ -495,6 +498,7 @@ fn publish_standalone_tasks(
                     oxbow_crds::assignment::TaskPlacement {
                         active: format!("instance-{}", t.partition % opts.instances.max(1)),
                         standbys: Vec::new(),
+                        ..Default::default()
                     },
                 )
             })

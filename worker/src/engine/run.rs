@@ -56,6 +56,9 @@ impl Engine {
         let mut timers = Timers::new();
         let mut out = Vec::new();
         while !self.shared.stopping() {
+            // The one place the engine says it is alive: a loop that stops turning,
+            // whatever it blocks on, fails /healthz and stops the status heartbeat.
+            self.shared.liveness.beat();
             if timers.desired_check.elapsed() >= Duration::from_millis(200) {
                 timers.desired_check = Instant::now();
                 match self.apply_desired() {

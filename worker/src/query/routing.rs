@@ -177,6 +177,7 @@ mod tests {
         TaskPlacement {
             active: active.into(),
             standbys: standbys.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
         }
     }
 

@@ -93,6 +93,20 @@ pub fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) 
     }
 }
 
+/// Deletes a consumer group and its committed offsets, as `kafka-consumer-groups
+/// --delete` or an offsets.retention expiry would.
+pub fn delete_group(group: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let r = futures::executor::block_on(admin.delete_groups(&[group], &AdminOptions::new()))
+        .expect("delete_groups request");
+    for x in r {
+        x.unwrap_or_else(|(g, e)| panic!("failed to delete group {g}: {e}"));
+    }
+}
+
 pub struct Input {
     pub key: Option<String>,
     pub value: Vec<u8>,

@@ -16,7 +16,10 @@ use oxbow_crds::{StoreName, TaskId};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 
-pub use plan::{FullRestoreReason, RestoreFacts, RestorePlan, apply_changelog_record, plan};
+pub use plan::{
+    FullRestoreReason, RestoreFacts, RestorePlan, apply_changelog_record, plan,
+    resume_without_group_offset,
+};
 
 use super::kafka::consumer_config;
 use super::{EngineError, KAFKA_TIMEOUT};

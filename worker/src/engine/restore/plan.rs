@@ -81,9 +81,34 @@ pub fn apply_changelog_record(produced_by: Option<i64>, committed_source: Option
     }
 }
 
+/// Where an exactly-once task resumes a source topic that has no committed offset in
+/// Kafka (the group's offsets expired while the app was stopped, or were deleted): past
+/// both the position kept with the local state and the last source offset the restored
+/// changelog names, so nothing already in the state is applied twice. `None` when
+/// neither is known: nothing of that topic is in the state, and it is read from the
+/// start.
+pub fn resume_without_group_offset(
+    kept: Option<i64>,
+    last_in_changelog: Option<i64>,
+) -> Option<i64> {
+    match (kept, last_in_changelog.map(|o| o + 1)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_group_offsets_a_task_resumes_past_everything_its_state_holds() {
+        assert_eq!(resume_without_group_offset(Some(100), Some(149)), Some(150));
+        assert_eq!(resume_without_group_offset(Some(200), Some(149)), Some(200));
+        assert_eq!(resume_without_group_offset(None, Some(149)), Some(150));
+        assert_eq!(resume_without_group_offset(Some(7), None), Some(7));
+        assert_eq!(resume_without_group_offset(None, None), None);
+    }
 
     fn facts(checkpoint: Option<i64>, start: i64, end: i64, empty: bool) -> RestoreFacts {
         RestoreFacts {

@@ -145,6 +145,8 @@ impl StoreRestore<'_> {
             if self.shared.stopping() {
                 return Ok(Some(Interrupted::Stopping));
             }
+            // A restore holds the processing loop; its turns are the engine's beats.
+            self.shared.liveness.beat();
             // Near the end only a transaction marker may be left, which is never
             // delivered; a long poll would sit out its whole timeout before the position
             // check below sees the log consumed, once per store restored.
@@ -234,6 +236,14 @@ impl StoreRestore<'_> {
             return Ok(());
         };
         progress.restored += 1;
+        for (topic, o) in header.iter().flatten() {
+            match progress.sources_seen.get_mut(topic) {
+                Some(seen) => *seen = (*seen).max(*o),
+                None => {
+                    progress.sources_seen.insert(topic.clone(), *o);
+                }
+            }
+        }
         if let Some(chunk) = self.bulk_chunk {
             // Two heap blocks, their Vec headers and a share of a B-tree node.
             buf.sorted_bytes += key.len() + value.map_or(0, <[u8]>::len) + 128;
