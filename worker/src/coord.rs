@@ -50,7 +50,7 @@ const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A pod whose entry has not been rewritten for this long (three heartbeats) is taken
 /// for dead: it holds nothing back any more.
-const HOLDER_SILENT: Duration = Duration::from_secs(15);
+pub const HOLDER_SILENT: Duration = Duration::from_secs(15);
 
 /// This worker's tasks from the published assignment and the pods' reports.
 ///
@@ -363,8 +363,10 @@ async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<S
         if !due {
             continue;
         }
+        let sent = Instant::now();
         match write_entry(&api, &cfg, entry.clone()).await {
             Ok(()) => {
+                shared.lease.renewed(sent);
                 last = Some((entry, Instant::now()));
                 backoff = Duration::ZERO;
             }

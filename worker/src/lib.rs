@@ -17,6 +17,7 @@ pub mod decode;
 pub mod engine;
 pub mod expr;
 pub mod http;
+pub mod lease;
 pub mod liveness;
 pub mod metrics;
 pub mod overlay;

@@ -56,6 +56,28 @@ impl Overlay {
         }
     }
 
+    /// The pending writes of `store` with keys in `[from, to)`: the current record's
+    /// over earlier records'. `None` is a delete.
+    pub fn range(
+        &self,
+        store: &StoreName,
+        from: &[u8],
+        to: &[u8],
+    ) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        let lo = (store.clone(), from.to_vec());
+        let hi = (store.clone(), to.to_vec());
+        let mut out = BTreeMap::new();
+        if lo >= hi {
+            return out;
+        }
+        for map in [&self.dirty, &self.scope] {
+            for ((_, k), v) in map.range(lo.clone()..hi.clone()) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        out
+    }
+
     /// Every step succeeded: the record's writes join the next commit.
     pub fn commit_record(&mut self) {
         let scope = std::mem::take(&mut self.scope);

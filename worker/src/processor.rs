@@ -133,6 +133,42 @@ impl Context<'_> {
     pub fn send(&mut self, s: ToRecord) {
         self.sends.push(s);
     }
+    /// Up to `limit` entries of a store with keys in `[from, to)`, in key order, as this
+    /// record sees them: committed state under the pending writes.
+    pub fn range(
+        &self,
+        store: &StoreName,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<crate::store::Entries, StepError> {
+        let pending = self.overlay.range(store, from, to);
+        // Each pending delete can hide one committed entry.
+        let committed =
+            self.db
+                .range(store, from, Some(to), limit.saturating_add(pending.len()))?;
+        let mut merged: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>> =
+            committed.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        merged.extend(pending);
+        Ok(merged
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .take(limit)
+            .collect())
+    }
+
+    /// Up to `limit` committed entries of a store from key `from` on, in key order
+    /// (RocksDB only: read each one again with [`Context::get`] before acting on it,
+    /// since this record's own writes are not among them).
+    pub fn committed_from(
+        &self,
+        store: &StoreName,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<crate::store::Entries, StepError> {
+        Ok(self.db.range(store, from, None, limit)?)
+    }
+
     /// Every committed entry of a store (RocksDB only): for [`Processor::init`], which
     /// runs before any record, when the overlay is empty.
     pub fn scan(&self, store: &StoreName, f: &mut ScanFn<'_>) -> Result<(), StepError> {

@@ -165,6 +165,8 @@ pub struct Shared {
     pub globals: RwLock<Option<Arc<dyn crate::processor::Lookups>>>,
     /// The processing loop's beats, for `/healthz` and the coordinator's heartbeat.
     pub liveness: crate::liveness::Liveness,
+    /// At-least-once fencing: renewed by every status write the API server accepts.
+    pub lease: crate::lease::Lease,
     /// Warnings for the StreamApp's events (reason, message), published by the
     /// coordinator when there is one.
     pub notices: Mutex<Vec<(String, String)>>,

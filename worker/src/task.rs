@@ -159,6 +159,12 @@ impl Task {
         for p in &mut self.processors {
             p.init(&mut ctx)?;
         }
+        // What a step wrote while starting (a migrated index) is a unit of work of its
+        // own: a first record that fails must not take it away.
+        if self.overlay.has_scope() {
+            self.overlay.commit_record();
+            self.uncommitted += 1;
+        }
         Ok(())
     }
 

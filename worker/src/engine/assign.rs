@@ -262,7 +262,7 @@ impl Engine {
             match TaskDb::open(dir, id, &stores, &self.memory) {
                 Ok(db) => return Ok(Ok(db)),
                 Err(StoreError::Open { source, .. })
-                    if quarantine::is_lock_held(&source.to_string()) =>
+                    if quarantine::is_lock_held(source.as_ref()) =>
                 {
                     if tries >= 50 {
                         return Err(StoreError::Open {

@@ -125,6 +125,13 @@ pub enum EngineError {
     TableMissing(String),
     #[error("failed to start: {0}")]
     Invalid(String),
+    /// At-least-once: no status write reached the API server for longer than the
+    /// lease, so another pod may be about to take this pod's tasks.
+    #[error(
+        "stopped processing: no status write reached the API server for {}s (lease {}s); under at-least-once nothing else could stop this pod from processing tasks another pod takes over, so it exits without committing and rejoins through the hand-over when restarted",
+        since.as_secs(), crate::lease::LEASE.as_secs()
+    )]
+    LeaseLapsed { since: std::time::Duration },
     #[error(
         "failed to find the output topic {topic} of step {step}: it does not exist (create it; Oxbow never creates output topics)"
     )]
@@ -183,6 +190,9 @@ pub struct Engine {
     side: BaseConsumer,
     memory: SharedMemory,
     state_dir: PathBuf,
+    /// At-least-once under the operator: a lapsed lease stops the worker (see
+    /// [`crate::lease`]). Exactly-once is fenced by its transactional ids instead.
+    lease_fences: bool,
     /// Changelog topic → store, to route standby records.
     changelogs: HashMap<String, StoreName>,
     /// Source and repartition topic → the stage that reads it.
@@ -307,6 +317,7 @@ impl Engine {
                 .map_err(EngineError::AssignPartitions)?;
         }
         let limits = Arc::new(oversize::Limits::load(&app, &output_topics(&app)));
+        let app_guarantee = app.guarantee;
         let mut engine = Self {
             limits,
             sink_topic: app.manifest.spec.sink.as_ref().map(|s| s.topic.clone()),
@@ -325,6 +336,8 @@ impl Engine {
             memory,
             lookups,
             state_dir: opts.state_dir.clone(),
+            lease_fences: opts.coordination.is_some()
+                && app_guarantee == ProcessingGuarantee::AtLeastOnce,
             changelogs,
             input_stage,
             partitions: task_count as u32,

@@ -134,6 +134,13 @@ pub fn too_large(policy: ErrorPolicy, topic: &str, size: usize, limit: usize) ->
     }
 }
 
+/// A record cut down to size: its key, value and headers.
+pub type Truncated = (
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Vec<(&'static str, String)>,
+);
+
 /// A dead letter cut down to `limit`: the value is truncated (the key too when it alone
 /// is over) and headers give the original size and SHA-256 of the value, so the record
 /// can be found at its source. `None`: it fits as it is.
@@ -142,11 +149,7 @@ pub fn truncated(
     value: Option<&[u8]>,
     headers: &[(&'static str, String)],
     limit: usize,
-) -> Option<(
-    Option<Vec<u8>>,
-    Option<Vec<u8>>,
-    Vec<(&'static str, String)>,
-)> {
+) -> Option<Truncated> {
     let hs: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
     if record_size(key, value, &hs) <= limit {
         return None;

@@ -186,6 +186,13 @@ impl Engine {
     /// The work the loop does on timers rather than per record: punctuation, commits,
     /// purges, standby checkpoints and reports.
     fn periodic(&mut self, timers: &mut Timers, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        // Before anything is committed: a worker that can no longer prove it owns its
+        // tasks stops here, with its uncommitted work left for the next owner.
+        if self.lease_fences
+            && let crate::lease::LeaseVerdict::Lapsed { since } = self.shared.lease.verdict()
+        {
+            return Err(EngineError::LeaseLapsed { since });
+        }
         // A merged task waiting on a quiet input goes on once it has waited long enough.
         let waiting: Vec<TaskId> = self
             .merges

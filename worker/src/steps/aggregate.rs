@@ -6,8 +6,6 @@
 //! Must not touch: the accumulators' arithmetic (`accumulators.rs`), the window rules
 //! (`window.rs`) or the store's bytes (`keys.rs`).
 
-use std::collections::BTreeSet;
-
 use oxbow_crds::{AggregateStep, Emit, StoreName};
 use serde_json::{Value as Json, json};
 
@@ -25,10 +23,14 @@ pub(super) struct Aggregate {
     rules: Option<WindowRules>,
     fields: Vec<(String, AggKind, Option<Expr>)>,
     emit: Emit,
-    /// (due time, group key): when a key's next window closes or expires.
-    due: BTreeSet<(i64, String)>,
-    undo: Vec<(i64, String)>,
+    /// No group is due before this (its due index is in the store, `keys::due_key`):
+    /// a record that moves stream time below it reads no index. `i64::MIN` when not
+    /// known, so the next record looks.
+    due_hint: i64,
 }
+
+/// Due groups read from the index at a time.
+const DUE_BATCH: usize = 1_000;
 
 /// One output field of the spec: its kind and, but for `count`, its expression.
 fn compile_field(
@@ -91,8 +93,7 @@ impl Aggregate {
             rules,
             fields,
             emit: a.emit,
-            due: BTreeSet::new(),
-            undo: Vec::new(),
+            due_hint: i64::MIN,
         })
     }
 
@@ -159,7 +160,59 @@ impl Aggregate {
             .min()
     }
 
-    /// Emits windows closed by `stream_time` and purges expired ones.
+    /// Moves a group's due index entry from `old` to `new` (either may be none).
+    fn reindex(&mut self, ctx: &mut Context<'_>, group: &str, old: Option<i64>, new: Option<i64>) {
+        if old == new {
+            return;
+        }
+        if let Some(o) = old {
+            ctx.delete(&self.store, &keys::due_key(o, group));
+        }
+        if let Some(n) = new {
+            ctx.put(&self.store, &keys::due_key(n, group), Vec::new());
+            self.due_hint = self.due_hint.min(n);
+        }
+    }
+
+    /// One due group: emits its windows closed by `stream_time` (onWindowClose), purges
+    /// the expired ones, and indexes when it is due next.
+    fn close_due(
+        &mut self,
+        ctx: &mut Context<'_>,
+        rules: &WindowRules,
+        group: &str,
+        stream_time: i64,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
+        let mut s = self.load(ctx, group)?;
+        for w in &mut s.windows {
+            let win = Window {
+                start: w.start,
+                end: w.end,
+            };
+            if self.emit == Emit::OnWindowClose && !w.emitted && rules.is_closed(win, stream_time) {
+                w.emitted = true;
+                out.push(self.output(group, w, w.end.saturating_sub(1)));
+            }
+        }
+        s.windows.retain(|w| {
+            !rules.is_expired(
+                Window {
+                    start: w.start,
+                    end: w.end,
+                },
+                stream_time,
+            )
+        });
+        self.save(ctx, group, &s);
+        if let Some(next) = self.next_due(&s) {
+            ctx.put(&self.store, &keys::due_key(next, group), Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Emits windows closed by `stream_time` and purges expired ones: the groups whose
+    /// due index entry is at or before it.
     fn advance(
         &mut self,
         ctx: &mut Context<'_>,
@@ -169,41 +222,54 @@ impl Aggregate {
         let Some(rules) = self.rules else {
             return Ok(());
         };
-        while let Some((at, group)) = self.due.first().cloned() {
-            if at > stream_time {
-                break;
-            }
-            self.due.pop_first();
-            self.undo.push((at, group.clone()));
-            let mut s = self.load(ctx, &group)?;
-            for w in &mut s.windows {
-                let win = Window {
-                    start: w.start,
-                    end: w.end,
-                };
-                if self.emit == Emit::OnWindowClose
-                    && !w.emitted
-                    && rules.is_closed(win, stream_time)
-                {
-                    w.emitted = true;
-                    let rec = self.output(&group, w, w.end.saturating_sub(1));
-                    out.push(rec);
+        if stream_time < self.due_hint {
+            return Ok(());
+        }
+        let upto = keys::due_bound(stream_time.saturating_add(1));
+        loop {
+            let due = ctx.range(&self.store, keys::DUE_PREFIX, &upto, DUE_BATCH)?;
+            for (k, _) in &due {
+                if let Some((_, group)) = keys::split_due_key(k) {
+                    let group = String::from_utf8_lossy(group).into_owned();
+                    ctx.delete(&self.store, k);
+                    self.close_due(ctx, &rules, &group, stream_time, out)?;
                 }
             }
-            s.windows.retain(|w| {
-                !rules.is_expired(
-                    Window {
-                        start: w.start,
-                        end: w.end,
-                    },
-                    stream_time,
-                )
-            });
-            self.save(ctx, &group, &s);
-            if let Some(next) = self.next_due(&s) {
-                self.due.insert((next, group));
+            // What a group is due at next is after `stream_time`: the loop ends.
+            if due.len() < DUE_BATCH {
+                break;
             }
         }
+        // The earliest entry left (this record's own writes included) is the new hint.
+        let end = keys::prefix_end(keys::DUE_PREFIX).unwrap_or_default();
+        let first = ctx.range(&self.store, keys::DUE_PREFIX, &end, 1)?;
+        self.due_hint = first
+            .first()
+            .and_then(|(k, _)| keys::split_due_key(k))
+            .map_or(i64::MAX, |(at, _)| at);
+        Ok(())
+    }
+
+    /// Builds the due index of a store written before it existed: one scan, once.
+    fn migrate_due_index(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
+        let mut entries = Vec::new();
+        let this = &*self;
+        ctx.scan(&self.store, &mut |k, v| {
+            if let Some(g) = keys::user_key(k)
+                && let Ok(s) = serde_json::from_slice::<AggState>(v)
+                && let Some(at) = this.next_due(&s)
+            {
+                entries.push(keys::due_key(at, &String::from_utf8_lossy(g)));
+            }
+            Ok(())
+        })?;
+        if !entries.is_empty() {
+            tracing::info!(step = %self.name, groups = entries.len(), "built the due index of a store from before it existed");
+        }
+        for k in entries {
+            ctx.put(&self.store, &k, Vec::new());
+        }
+        ctx.put(&self.store, keys::DUE_INDEX_MARK, Vec::new());
         Ok(())
     }
 
@@ -382,24 +448,18 @@ impl Processor for Aggregate {
         vec![self.store.clone()]
     }
     fn init(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
-        let mut due = BTreeSet::new();
-        let this = &*self;
-        ctx.scan(&self.store, &mut |k, v| {
-            if let Some(g) = keys::user_key(k)
-                && let Ok(s) = serde_json::from_slice::<AggState>(v)
-                && let Some(at) = this.next_due(&s)
-            {
-                due.insert((at, String::from_utf8_lossy(g).into_owned()));
-            }
-            Ok(())
-        })?;
-        self.due = due;
+        // The due index lives in the store: nothing to rebuild, unless the store is
+        // from before it.
+        self.due_hint = i64::MIN;
+        if self.rules.is_some() && ctx.get(&self.store, keys::DUE_INDEX_MARK)?.is_none() {
+            self.migrate_due_index(ctx)?;
+        }
         Ok(())
     }
     fn end_record(&mut self, committed: bool) {
-        let undo = std::mem::take(&mut self.undo);
         if !committed {
-            self.due.extend(undo);
+            // The record's index reads and writes are gone: look again next time.
+            self.due_hint = i64::MIN;
         }
     }
     fn process(
@@ -416,6 +476,7 @@ impl Processor for Aggregate {
         let stream_time = advance_stream_time(ctx, &self.store, r.timestamp, i64::MIN)?;
         self.advance(ctx, stream_time, out)?;
         let mut s = self.load(ctx, &group)?;
+        let was_due = self.next_due(&s);
         let touched = match rules.windows {
             Windows::Tumbling { .. } | Windows::Hopping { .. } => {
                 self.add_to_windows(&rules, &mut s, &values, r.timestamp, stream_time)
@@ -435,9 +496,8 @@ impl Processor for Aggregate {
                 out.push(self.output(&group, &s.windows[*i], r.timestamp));
             }
         }
-        if let Some(at) = self.next_due(&s) {
-            self.due.insert((at, group.clone()));
-        }
+        let due = self.next_due(&s);
+        self.reindex(ctx, &group, was_due, due);
         self.save(ctx, &group, &s);
         Ok(())
     }

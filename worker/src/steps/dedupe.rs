@@ -1,16 +1,24 @@
 //! The `dedupe` step: the first occurrence of an id within `within` (event time) passes,
 //! repeats are dropped.
 //!
-//! Owns: the dedupe processor and its expiry index. Must not touch: the store's bytes
-//! by hand; keys and marks are built by [`super::keys`].
-
-use std::collections::BTreeSet;
+//! Expired ids are forgotten by a sweep that walks the store's committed ids a batch at
+//! each punctuation and wraps around, so the store stays bounded while the memory held
+//! for it is one cursor: no index of every live id, and no scan of the store when a
+//! task starts. A mark the sweep has not reached yet changes no answer (an id is a
+//! repeat only within `within` of its mark), it only takes space a little longer.
+//!
+//! Owns: the dedupe processor and its sweep. Must not touch: the store's bytes by hand;
+//! keys and marks are built by [`super::keys`].
 
 use oxbow_crds::{DedupeStep, StoreName};
 
 use super::{CompileError, advance_stream_time, input, keys, millis};
 use crate::expr::Expr;
 use crate::processor::{Context, Processor, Record, StepError};
+
+/// Ids looked at per punctuation (every 100 ms): about 10 000 a second per task, so a
+/// million live ids are all visited within two minutes.
+const SWEEP_BATCH: usize = 1_000;
 
 /// First occurrence of an id within `within` (event time) passes.
 #[derive(Clone)]
@@ -19,10 +27,9 @@ pub(super) struct Dedupe {
     store: StoreName,
     id: Expr,
     within: i64,
-    /// (forget at, id): hint for purging.
-    expiry: BTreeSet<(i64, String)>,
     stream_time: i64,
-    undo: Vec<(i64, String)>,
+    /// The next key the sweep looks at.
+    sweep_from: Vec<u8>,
 }
 
 impl Dedupe {
@@ -32,32 +39,41 @@ impl Dedupe {
             store: StoreName(d.store.clone()),
             id: Expr::compile(format!("{p}.dedupe.id"), &d.id)?,
             within: millis(&format!("{p}.dedupe.within"), &d.within)?,
-            expiry: BTreeSet::new(),
             stream_time: i64::MIN,
-            undo: Vec::new(),
+            sweep_from: keys::KEY_PREFIX.to_vec(),
         })
     }
 
-    /// Forgets ids that fell out of the window, so the store stays bounded. `current` is
-    /// the id being processed: its mark is about to be read or rewritten, never deleted.
-    fn forget_expired(&mut self, ctx: &mut Context<'_>, current: &str) -> Result<(), StepError> {
-        while let Some((at, old)) = self.expiry.first().cloned() {
-            if at >= self.stream_time {
+    /// Deletes the marks among the next [`SWEEP_BATCH`] ids that fell out of the window,
+    /// judged on their current value (a mark rewritten since its commit is kept).
+    fn sweep(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
+        let stream_time = ctx
+            .get(&self.store, keys::STREAM_TIME)?
+            .as_deref()
+            .and_then(keys::decode_time)
+            .unwrap_or(self.stream_time);
+        let batch = ctx.committed_from(&self.store, &self.sweep_from, SWEEP_BATCH)?;
+        let mut next = keys::KEY_PREFIX.to_vec();
+        for (k, _) in &batch {
+            if keys::user_key(k).is_none() {
+                // Past the ids (`m:…` sorts after `k…`): wrap around.
                 break;
             }
-            self.expiry.pop_first();
-            self.undo.push((at, old.clone()));
-            let k = keys::dedupe_key(&old);
-            if let Some(t) = ctx
-                .get(&self.store, &k)?
+            let expired = ctx
+                .get(&self.store, k)?
                 .as_deref()
                 .and_then(keys::decode_time)
-                && t.saturating_add(self.within) < self.stream_time
-                && old != current
-            {
-                ctx.delete(&self.store, &k);
+                .is_some_and(|t| t.saturating_add(self.within) < stream_time);
+            if expired {
+                ctx.delete(&self.store, k);
             }
+            next = [k.as_slice(), &[0]].concat();
         }
+        self.sweep_from = if batch.len() < SWEEP_BATCH || keys::user_key(&next).is_none() {
+            keys::KEY_PREFIX.to_vec()
+        } else {
+            next
+        };
         Ok(())
     }
 }
@@ -70,27 +86,14 @@ impl Processor for Dedupe {
         vec![self.store.clone()]
     }
     fn init(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
-        let (mut expiry, mut st) = (BTreeSet::new(), i64::MIN);
-        let within = self.within;
-        ctx.scan(&self.store, &mut |k, v| {
-            if let (Some(id), Some(seen)) = (keys::user_key(k), keys::decode_time(v)) {
-                expiry.insert((
-                    seen.saturating_add(within),
-                    String::from_utf8_lossy(id).into_owned(),
-                ));
-                st = st.max(seen);
-            }
-            Ok(())
-        })?;
-        self.expiry = expiry;
-        self.stream_time = st;
+        // The stream time is stored with the marks: one read, not a scan of the store.
+        self.stream_time = ctx
+            .get(&self.store, keys::STREAM_TIME)?
+            .as_deref()
+            .and_then(keys::decode_time)
+            .unwrap_or(i64::MIN);
+        self.sweep_from = keys::KEY_PREFIX.to_vec();
         Ok(())
-    }
-    fn end_record(&mut self, committed: bool) {
-        let undo = std::mem::take(&mut self.undo);
-        if !committed {
-            self.expiry.extend(undo);
-        }
     }
     fn process(
         &mut self,
@@ -105,16 +108,20 @@ impl Processor for Dedupe {
             .as_deref()
             .and_then(keys::decode_time);
         self.stream_time = advance_stream_time(ctx, &self.store, r.timestamp, self.stream_time)?;
-        self.forget_expired(ctx, &id)?;
         match seen {
             Some(t) if r.timestamp.abs_diff(t) <= self.within.unsigned_abs() => Ok(()),
             _ => {
                 ctx.put(&self.store, &key, keys::encode_time(r.timestamp));
-                self.expiry
-                    .insert((r.timestamp.saturating_add(self.within), id));
                 out.push(r);
                 Ok(())
             }
         }
+    }
+    fn punctuate(
+        &mut self,
+        ctx: &mut Context<'_>,
+        _out: &mut Vec<Record>,
+    ) -> Result<(), StepError> {
+        self.sweep(ctx)
     }
 }

@@ -7,6 +7,10 @@
 //! - aggregate: `k<group key>` → JSON [`AggState`].
 //! - dedupe and aggregate: `m:stream-time` → the step's stream time (8 bytes,
 //!   big-endian). It does not start with `k`, so no scan of the `k` keys meets it.
+//! - windowed aggregate: `d<due><group>` → empty, one per group with windows: when the
+//!   group's next window closes or expires (`due` as 8 order-preserving bytes), so
+//!   closing windows is a range read, not an index of every group in memory.
+//!   `m:due-index` marks a store whose index is complete.
 //! - stream–stream join: `bl<join key>` / `br<join key>` → the JSON list of that side's
 //!   buffered records of the key; `m:stream-time` as above.
 //! - batch: `h<group>` → JSON [`OpenBatch`]; `r<group>\0<seq:be32>` → a buffered record.
@@ -28,6 +32,10 @@ pub const HEADER_PREFIX: &[u8] = b"h";
 pub const RECORD_PREFIX: &[u8] = b"r";
 /// A dedupe or aggregate step's stream time: not a user key.
 pub const STREAM_TIME: &[u8] = b"m:stream-time";
+/// Prefix of a windowed aggregate's due index.
+pub const DUE_PREFIX: &[u8] = b"d";
+/// Present once a windowed aggregate's due index covers every group.
+pub const DUE_INDEX_MARK: &[u8] = b"m:due-index";
 /// Separates the user's group from the topic in a batch group (several source topics).
 pub const TOPIC_SEPARATOR: char = '\u{1f}';
 /// [`TOPIC_SEPARATOR`] as the byte it is in a key (it is ASCII).
@@ -151,6 +159,29 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         .map(|(last, head)| [head, &[last.saturating_add(1)]].concat())
 }
 
+/// `t` as 8 bytes that sort as the numbers do (sign bit flipped, big-endian).
+fn ordered(t: i64) -> [u8; 8] {
+    ((t as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// The due index key of `group`, due at `at`: `d<at><group>`.
+pub fn due_key(at: i64, group: &str) -> Vec<u8> {
+    [DUE_PREFIX, &ordered(at), group.as_bytes()].concat()
+}
+
+/// The first due index key due at `at` or later: keys below it are due before `at`.
+pub fn due_bound(at: i64) -> Vec<u8> {
+    [DUE_PREFIX, &ordered(at)].concat()
+}
+
+/// The due time and group of a due index key.
+pub fn split_due_key(key: &[u8]) -> Option<(i64, &[u8])> {
+    let rest = key.strip_prefix(DUE_PREFIX)?;
+    let (at, group) = rest.split_at_checked(8)?;
+    let at = u64::from_be_bytes(<[u8; 8]>::try_from(at).ok()?) ^ (1 << 63);
+    Some((at as i64, group))
+}
+
 /// An event time as stored (a dedupe mark, a stream time): 8 bytes, big-endian.
 pub fn encode_time(t: i64) -> Vec<u8> {
     t.to_be_bytes().to_vec()
@@ -164,6 +195,25 @@ pub fn decode_time(v: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn due_keys_sort_by_time_then_group_and_round_trip() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        let keys: Vec<Vec<u8>> = times.iter().map(|t| due_key(*t, "g")).collect();
+        assert!(
+            keys.windows(2).all(|w| w[0] < w[1]),
+            "ordered like the numbers"
+        );
+        for t in times {
+            assert_eq!(split_due_key(&due_key(t, "u-1")), Some((t, &b"u-1"[..])));
+            assert!(due_key(t, "") >= due_bound(t));
+            assert!(due_key(t.saturating_sub(1), "zzz") < due_bound(t) || t == i64::MIN);
+        }
+        assert!(
+            due_key(i64::MAX, "g").as_slice() < KEY_PREFIX,
+            "the index sorts before the groups"
+        );
+    }
 
     #[test]
     fn the_layout_bytes_stay_what_existing_stores_hold() {

@@ -1,0 +1,373 @@
+//! At-least-once fencing (issue 16, item 2). Exactly-once fences a zombie with the
+//! transactional ids; at-least-once has nothing in Kafka that could. A worker that can
+//! no longer write its status entry (cut off from the API server, but not from Kafka)
+//! must stop processing before another pod takes its tasks: its lease (10 s) runs out
+//! before the new owner's wait for a silent holder (15 s) does.
+//!
+//! Real parts: the local stack's API server and Kafka, the real `oxbow-worker` binary in
+//! coordinated mode. The test plays the operator (it writes the assignment) and cuts
+//! one worker's API access with a TCP proxy between that worker and the API server.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY, PreviousActive, TaskPlacement};
+use oxbow_crds::{StreamApp, TaskId};
+use oxbow_e2e::harness::{
+    TestNamespace, install_crd, kafka_bootstrap, kube_client, kubectl, stack_var, unique, wait_for,
+};
+use oxbow_e2e::streams::{produce, read_committed};
+
+/// A TCP proxy to the API server that the test can cut: it refuses new connections and
+/// shuts the open ones, as a network partition would.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (c, o) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if c.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let mut held = o.lock().unwrap();
+                held.push(client.try_clone().unwrap());
+                held.push(server.try_clone().unwrap());
+                drop(held);
+                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+                pipe(server, client);
+            }
+        });
+        Self { port, cut, open }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
+
+/// The admin kubeconfig with its server replaced by `https://127.0.0.1:<port>`.
+fn kubeconfig_via(port: u16, dir: &Path) -> PathBuf {
+    let original = std::fs::read_to_string(stack_var("KUBECONFIG")).unwrap();
+    let server = original
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let path = dir.join(format!("kubeconfig-{port}"));
+    std::fs::write(
+        &path,
+        original.replace(&server, &format!("https://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    path
+}
+
+fn api_server_address() -> String {
+    let kc = std::fs::read_to_string(stack_var("KUBECONFIG")).unwrap();
+    let server = kc
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .unwrap()
+        .trim();
+    server.trim_start_matches("https://").to_string()
+}
+
+fn worker_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/oxbow/target")
+        });
+    let bin = target.join("release/oxbow-worker");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make build`",
+        bin.display()
+    );
+    bin
+}
+
+struct WorkerProc {
+    child: Child,
+    log: PathBuf,
+    addr: String,
+}
+
+impl WorkerProc {
+    fn start(ns: &str, app: &str, pod: &str, config: &Path, dir: &Path, kubeconfig: &Path) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = dir.join(format!("{pod}.log"));
+        let child = Command::new(worker_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(dir.join(pod))
+            .args(["--listen", &addr, "--memory-mib", "64"])
+            .args(["--assignment-configmap", &format!("{app}-assignment")])
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", ns)
+            .env("OXBOW_STREAMAPP", app)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Self { child, log, addr }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its tasks that `/v1/status` shows running as actives.
+    fn running(&self) -> usize {
+        let Ok(mut s) = TcpStream::connect(&self.addr) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = write!(
+            s,
+            "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        let json = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str::<serde_json::Value>(json)
+            .ok()
+            .and_then(|v| {
+                v["tasks"].as_array().map(|ts| {
+                    ts.iter()
+                        .filter(|t| t["role"] == "active" && t["state"] == "Running")
+                        .count()
+                })
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn publish(cms: &Api<ConfigMap>, app: &str, a: &Assignment) {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("{app}-assignment")},
+        "data": {CONFIG_MAP_KEY: serde_json::to_string(a).unwrap()},
+    });
+    cms.patch(
+        &format!("{app}-assignment"),
+        &PatchParams::apply("lease-test").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .unwrap();
+}
+
+fn all_to(pod: &str, previous: Option<(&str, i64)>, generation: i64, pods: &[&str]) -> Assignment {
+    Assignment {
+        generation,
+        tasks: (0..2)
+            .map(|p| {
+                (
+                    TaskId::new(0, p),
+                    TaskPlacement {
+                        active: pod.into(),
+                        standbys: vec![],
+                        previous: previous
+                            .iter()
+                            .map(|(pod, until)| PreviousActive {
+                                pod: (*pod).into(),
+                                until: *until,
+                            })
+                            .collect(),
+                    },
+                )
+            })
+            .collect(),
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+        tracks_previous: true,
+    }
+}
+
+#[tokio::test]
+async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_new_owner_starts() {
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "lease").await;
+    let app = unique("lease");
+    let source = format!("{app}-in");
+    let manifest = format!(
+        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}, namespace: {ns}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: at_least_once\n  commitInterval: 100ms\n  source: {{topics: [{source}]}}\n  steps:\n  - aggregate: {{store: totals, groupBy: key, fields: {{count: {{count: {{}}}}}}}}\n  sink: {{topic: {app}-out}}\n",
+        ns = ns.name,
+        bootstrap = kafka_bootstrap(),
+    );
+    let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&manifest));
+    assert!(ok, "apply: {err}");
+    let parsed: StreamApp = serde_yaml::from_str(&manifest).unwrap();
+    // The topics the operator would make (the test plays the operator).
+    oxbow_e2e::harness::kafka::create_topic(&source, 2).await;
+    oxbow_e2e::harness::kafka::create_topic(&format!("{app}-out"), 2).await;
+    for t in oxbow_crds::topics::wanted_topics(&parsed, 2) {
+        oxbow_e2e::harness::kafka::create_topic(&t.name, 2).await;
+    }
+    let dir = std::env::temp_dir().join("oxbow-lease-test").join(&app);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("app.yaml");
+    std::fs::write(&config, &manifest).unwrap();
+    let (a_pod, b_pod) = (format!("{app}-0"), format!("{app}-1"));
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    publish(&cms, &app, &all_to(&a_pod, None, 1, &[&a_pod])).await;
+
+    let proxy = Proxy::start(api_server_address());
+    let a = WorkerProc::start(
+        &ns.name,
+        &app,
+        &a_pod,
+        &config,
+        &dir,
+        &kubeconfig_via(proxy.port, &dir),
+    );
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    produce(&source, &keys, 10, 1);
+    wait_for(
+        "worker A to run both tasks",
+        Duration::from_secs(90),
+        || async { (a.running() == 2).then_some(()).ok_or_else(|| a.logs()) },
+    )
+    .await;
+    let apps: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
+    wait_for(
+        "A's status entry in the StreamApp",
+        Duration::from_secs(30),
+        || async {
+            let s = apps.get(&app).await.map_err(|e| e.to_string())?;
+            s.status
+                .and_then(|st| st.instances.into_iter().find(|i| i.pod == a_pod))
+                .map(|_| ())
+                .ok_or_else(|| "no entry".to_string())
+        },
+    )
+    .await;
+
+    // A loses the API server, not Kafka; the tasks move to B (A is still listed, so B
+    // waits for A's entry to go silent, as it would for a pod the operator still sees).
+    proxy.cut();
+    let cut_at = Instant::now();
+    publish(
+        &cms,
+        &app,
+        &all_to(&b_pod, Some((&a_pod, 2)), 2, &[&a_pod, &b_pod]),
+    )
+    .await;
+    let b = WorkerProc::start(
+        &ns.name,
+        &app,
+        &b_pod,
+        &config,
+        &dir,
+        Path::new(&stack_var("KUBECONFIG")),
+    );
+    produce(&source, &keys, 10, 1);
+    let mut a = a;
+    let deadline = cut_at + Duration::from_secs(90);
+    let (mut a_exit, mut b_run) = (None, None);
+    while a_exit.is_none() || b_run.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "90 s after the cut: A exited {a_exit:?}, B running both tasks {b_run:?} (seconds after the cut)\n--- A\n{}\n--- B\n{}",
+            a.logs(),
+            b.logs()
+        );
+        if a_exit.is_none() && a.child.try_wait().unwrap().is_some() {
+            a_exit = Some(cut_at.elapsed());
+        }
+        if b_run.is_none() && b.running() == 2 {
+            b_run = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        a_exit < b_run,
+        "B ran the tasks {b_run:?} after the cut, A stopped only {a_exit:?} after it: both processed"
+    );
+    assert!(
+        a.logs()
+            .contains("stopped processing: no status write reached the API server"),
+        "A says why it stopped:\n{}",
+        a.logs()
+    );
+
+    // Nothing counted twice in the state: every key's count reaches 20 and never more.
+    wait_for(
+        "every key counted 20 times by B",
+        Duration::from_secs(90),
+        || async {
+            let mut max: BTreeMap<String, u64> = BTreeMap::new();
+            for (k, v) in read_committed(&format!("{app}-out")) {
+                let c = v["count"].as_u64().unwrap_or(0);
+                assert!(
+                    c <= 20,
+                    "key {k} counted {c} times, 20 records: counted twice"
+                );
+                let m = max.entry(k).or_default();
+                *m = (*m).max(c);
+            }
+            (max.len() == 20 && max.values().all(|c| *c == 20))
+                .then_some(())
+                .ok_or_else(|| format!("{max:?}\n--- B\n{}", b.logs()))
+        },
+    )
+    .await;
+    drop(b);
+    ns.delete().await;
+}
