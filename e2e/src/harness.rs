@@ -276,16 +276,28 @@ pub fn install_crd() {
         None,
     );
     assert!(ok, "failed to install the StreamApp CRD: {err}");
-    let (ok, _, err) = kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/streamapps.oxbow.dev",
-        ],
-        None,
-    );
-    assert!(ok, "the StreamApp CRD was not established: {err}");
+    // Not `kubectl wait`: on a CRD created a moment ago it fails at once, before the
+    // API server has written any condition ("<nil> is of the type <nil>").
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, out, err) = kubectl(
+            &[
+                "get",
+                "crd/streamapps.oxbow.dev",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+            ],
+            None,
+        );
+        if out.trim() == "True" {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the StreamApp CRD was not established after 60 s: {out} {err}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Flags every operator of the suite runs with (besides its namespace, metrics address
@@ -457,7 +469,8 @@ pub mod kafka {
 
     use rdkafka::ClientConfig;
     use rdkafka::admin::{
-        AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+        AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,
+        TopicReplication,
     };
     use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -480,6 +493,18 @@ pub mod kafka {
         assert!(
             res.iter().all(|r| r.is_ok()),
             "failed to create topic {name}: {res:?}"
+        );
+    }
+
+    /// Grows a topic to `total` partitions, as `kafka-topics --alter --partitions` would.
+    pub async fn add_partitions(name: &str, total: usize) {
+        let res = admin()
+            .create_partitions([&NewPartitions::new(name, total)], &AdminOptions::new())
+            .await
+            .expect("create_partitions request");
+        assert!(
+            res.iter().all(|r| r.is_ok()),
+            "failed to grow topic {name}: {res:?}"
         );
     }
 

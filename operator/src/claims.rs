@@ -182,8 +182,19 @@ impl Claims {
                     }
                     reader.next = m.offset() + 1;
                 }
-                // Compaction leaves gaps: the end of the partition is the end.
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                // Compaction leaves gaps: the end of the partition is the end. But an
+                // end-of-partition event can be a stale one, queued when an earlier
+                // read reached the end before the records written since: only the
+                // fetch position says whether this read is done.
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    let at_end = reader.consumer.position().ok().is_some_and(|tpl| {
+                        tpl.find_partition(&self.topic, 0)
+                            .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= end))
+                    });
+                    if at_end {
+                        break;
+                    }
+                }
                 Some(Err(e)) => {
                     *guard = None;
                     return Err(read(e));

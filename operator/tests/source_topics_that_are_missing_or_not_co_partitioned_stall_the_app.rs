@@ -1,6 +1,7 @@
 //! Source topics decide the task count. Missing topics, or topics with different
 //! partition counts, stall the StreamApp with a message naming them (and nothing is
-//! rolled out); creating the missing topic lets it proceed.
+//! rolled out); creating the missing topic lets it proceed. Partitions added to the
+//! source of a running app stall it too: its state is split by the old count.
 
 use std::time::Duration;
 
@@ -78,6 +79,47 @@ async fn missing_or_unequal_source_topics_stall_with_their_partition_counts() {
     // the aggregate by userId, each behind its own repartition topic.
     assert_eq!(app.status.and_then(|s| s.tasks), Some(6));
 
+    apps::delete_all(&api).await;
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn partitions_added_to_a_running_apps_source_stall_it_and_grow_no_changelog() {
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "grown").await;
+    let n = ns.name.as_str();
+    let source = unique("grown-in");
+    kafka::create_topic(&source, 2).await;
+    let _operator = OperatorProcess::start(n);
+    let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
+    let name = unique("grown");
+    let (ok, _, err) = kubectl(
+        &["apply", "-n", n, "-f", "-"],
+        Some(&apps::manifest(&name, &[&source], "")),
+    );
+    assert!(ok, "apply: {err}");
+    apps::wait_condition(&api, &name, "Ready", "True", Duration::from_secs(120)).await;
+    let changelog = format!("{n}.{name}-seen-changelog");
+    assert_eq!(kafka::partitions(&changelog), Some(2));
+
+    // Someone grows the source: keys would now go to tasks that do not hold their state.
+    kafka::add_partitions(&source, 4).await;
+    let msg = stalled(&api, &name, "SourcePartitionsChanged").await;
+    assert!(
+        msg.contains("have 4 partitions") && msg.contains("split into 2 tasks"),
+        "says what changed and what to do: {msg}"
+    );
+    let app = api.get(&name).await.expect("app");
+    assert_eq!(
+        apps::condition(&app, "TopicsReady").map(|c| (c.0, c.1)),
+        Some(("False".to_string(), "SourcePartitionsChanged".to_string()))
+    );
+    assert_eq!(
+        kafka::partitions(&changelog),
+        Some(2),
+        "the changelogs are not grown: that would split the state silently"
+    );
     apps::delete_all(&api).await;
     ns.delete().await;
 }
