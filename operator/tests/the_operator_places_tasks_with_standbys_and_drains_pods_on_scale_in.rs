@@ -502,3 +502,102 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
     drop(operator);
     ns.delete().await;
 }
+
+/// Issue 16, item 4: placement does not need Kafka. With the app's Kafka Secret gone the
+/// operator cannot read the source metadata, yet a scale-in still drains the leaving
+/// pod, on the task count the published assignment already holds.
+#[tokio::test]
+async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka() {
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "nokafka").await;
+    let n = ns.name.as_str();
+    let source = unique("events");
+    kafka::create_topic(&source, PARTITIONS as i32).await;
+    let secret = unique("kafka-creds");
+    let (ok, _, err) = kubectl(
+        &[
+            "create",
+            "secret",
+            "generic",
+            &secret,
+            "-n",
+            n,
+            "--from-literal=client.id=oxbow-test",
+        ],
+        None,
+    );
+    assert!(ok, "create secret: {err}");
+    let _operator = OperatorProcess::start(n);
+    let name = unique("placed");
+    let manifest = apps::manifest(&name, &[&source], "  standbyReplicas: 1\n")
+        .replace("  replicas: 2\n", "  replicas: 3\n")
+        .replace(
+            "  kafka:\n",
+            &format!("  kafka:\n    secretRef: {{name: {secret}}}\n"),
+        );
+    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
+    assert!(ok, "apply: {err}");
+    let api: Api<StreamApp> = Api::namespaced(client.clone(), n);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), n);
+    let pods: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    run_workers_until(&api, &cms, &name, &pods, "Ready at 3 replicas", ready).await;
+
+    let (ok, _, err) = kubectl(&["delete", "secret", &secret, "-n", n], None);
+    assert!(ok, "delete secret: {err}");
+    run_workers_until(
+        &api,
+        &cms,
+        &name,
+        &pods,
+        "KafkaSecretMissing",
+        |app| match apps::condition(app, "TopicsReady") {
+            Some((s, r, _)) if s == "False" && r == "KafkaSecretMissing" => Ok(()),
+            other => Err(format!("TopicsReady {other:?}")),
+        },
+    )
+    .await;
+
+    let (ok, _, err) = kubectl(
+        &[
+            "scale",
+            "-n",
+            n,
+            &format!("streamapp/{name}"),
+            "--replicas=2",
+        ],
+        None,
+    );
+    assert!(ok, "kubectl scale: {err}");
+    // Every pod keeps reporting what it is given, caught up: the leaving pod's tasks
+    // warm up on the staying pods, move, and it is left with nothing.
+    let leaving = pods[2].clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut reported = None;
+    loop {
+        let a = assignment(&cms, &name).await.expect("assignment");
+        if actives_of(&a, &leaving).is_empty() && standbys_of(&a, &leaving).is_empty() {
+            assert_eq!(
+                a.tasks.len(),
+                TASKS as usize,
+                "every task still placed: {a:?}"
+            );
+            break;
+        }
+        if reported != Some(a.generation) {
+            for p in &pods {
+                report(&api, &name, p, entry(p, &a, 0, json!({}))).await;
+            }
+            reported = Some(a.generation);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "90 s after the scale-in without Kafka, {leaving} still holds {:?} (generation {})",
+            actives_of(&a, &leaving),
+            a.generation
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    apps::delete_all(&api).await;
+    ns.delete().await;
+}
