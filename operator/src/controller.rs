@@ -135,7 +135,8 @@ pub struct Context {
     /// The compacted topic, in each Kafka cluster, that records who owns which
     /// application id and topic ([`crate::ownership`]).
     pub claims_topic: String,
-    clusters: Mutex<HashMap<String, Arc<Cluster>>>,
+    /// Kafka clients per cluster and credentials, dropped with their last app.
+    clusters: Mutex<crate::client_cache::ClientCache<Arc<Cluster>>>,
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
 }
 
@@ -178,20 +179,25 @@ impl Context {
         properties.extend(secret.clone());
         let key = format!("{}|{:?}", k.bootstrap_servers, properties);
         let mut clusters = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = clusters.get(&key) {
-            return Ok(c.clone());
-        }
-        let c = Arc::new(Cluster {
-            admin: KafkaAdmin::new(&k.bootstrap_servers, &properties)?,
-            claims: Arc::new(Claims::new(
-                &self.claims_topic,
-                &k.bootstrap_servers,
-                &properties,
-            )?),
-            claims_topic_ready: AtomicBool::new(false),
-        });
-        clusters.insert(key, c.clone());
-        Ok(c)
+        clusters.get(&app_key(app), &key, || {
+            Ok(Arc::new(Cluster {
+                admin: KafkaAdmin::new(&k.bootstrap_servers, &properties)?,
+                claims: Arc::new(Claims::new(
+                    &self.claims_topic,
+                    &k.bootstrap_servers,
+                    &properties,
+                )?),
+                claims_topic_ready: AtomicBool::new(false),
+            }))
+        })
+    }
+
+    /// The app is gone: its Kafka clients go too, unless another app uses them.
+    fn forget_cluster(&self, app: &StreamApp) {
+        self.clusters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(&app_key(app));
     }
 
     async fn event(&self, app: &StreamApp, type_: EventType, reason: &str, note: String) {
@@ -229,6 +235,11 @@ impl Cluster {
     }
 }
 
+/// `namespace/name`: an app's key in the client cache.
+fn app_key(app: &StreamApp) -> String {
+    format!("{}/{}", app.namespace().unwrap_or_default(), app.name_any())
+}
+
 /// Thin: span, metrics timer, finalizer.
 #[tracing::instrument(skip_all, fields(streamapp = %app.name_any(), namespace = ?app.namespace()))]
 pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -238,7 +249,13 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action,
     let result = finalizer(&api, FINALIZER, app.clone(), |event| async {
         match event {
             Finalizer::Apply(app) => apply(&app, &ctx).await,
-            Finalizer::Cleanup(app) => cleanup::cleanup(&app, &ctx).await,
+            Finalizer::Cleanup(app) => {
+                let done = cleanup::cleanup(&app, &ctx).await;
+                if done.is_ok() {
+                    ctx.forget_cluster(&app);
+                }
+                done
+            }
         }
     })
     .await

@@ -2,6 +2,7 @@
 
 pub mod build;
 pub mod claims;
+pub mod client_cache;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
