@@ -772,6 +772,11 @@ pub struct StreamAppStatus {
     /// The restore in progress over all workers, present while any task restores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoration: Option<RestorationStatus>,
+    /// What each store's data means (`oxbow_crds::layouts`), as last rolled out: a spec
+    /// that would read a store's data as something else is refused
+    /// (`IncompatibleStateChange`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub store_layouts: BTreeMap<String, String>,
     /// One entry per worker pod, written by that pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["pod".into()]))]

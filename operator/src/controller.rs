@@ -590,6 +590,21 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         ));
     }
 
+    // A store kept under its name must keep meaning what its data means.
+    let layouts = oxbow_crds::layouts::store_layouts(&app.spec);
+    let recorded = app
+        .status
+        .as_ref()
+        .map(|s| s.store_layouts.clone())
+        .unwrap_or_default();
+    let changes = oxbow_crds::layouts::incompatible(&recorded, &layouts);
+    if invalid.is_none() && !changes.is_empty() {
+        invalid = Some(Verdict::stalled(
+            reason::INCOMPATIBLE_STATE_CHANGE,
+            oxbow_crds::layouts::message(&changes),
+        ));
+    }
+
     // --- own: claim the application id on this Kafka cluster before anything is rolled
     // out. Two apps with one id would share changelogs, group and transactional ids.
     let mut claims_error = None;
@@ -748,6 +763,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let owned =
         view.is_some() || ((claims_error.is_some() || kafka_error.is_some()) && sts.is_some());
     let mut apply_error = None;
+    let mut rolled_out = false;
     let mut in_force = published.clone();
     if invalid.is_none() && source_problem.is_none() && owned && !topics_verdict.stalled {
         let to_publish = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment);
@@ -763,6 +779,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         };
         match applied {
             Ok(()) => {
+                rolled_out = true;
                 if let Some(a) = to_publish {
                     tracing::info!(generation = a.generation, "published task assignment");
                     in_force = Some(a.clone());
@@ -873,6 +890,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         }),
         lag: instances.iter().filter_map(|i| i.lag).reduce(|a, b| a + b),
         restoration,
+        // The layouts the workers now run with; until a rollout, the ones before.
+        store_layouts: if rolled_out { layouts } else { recorded },
         instances: vec![],
         topics: topic_statuses,
     };

@@ -69,6 +69,7 @@ pub mod reason {
         JOIN_STREAM_TAKEN = "JoinStreamTaken" on [super::READY, super::STALLED];
         APPLICATION_ID_CONFLICT = "ApplicationIdConflict" on [super::READY, super::STALLED];
         APPLICATION_ID_CHANGED = "ApplicationIdChanged" on [super::READY, super::STALLED];
+        INCOMPATIBLE_STATE_CHANGE = "IncompatibleStateChange" on [super::READY, super::STALLED];
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
