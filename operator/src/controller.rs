@@ -5,6 +5,7 @@
 mod claim;
 mod cleanup;
 mod internal_topics;
+mod reset;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,7 @@ use crate::placement::{self, PlacementConfig, Plan};
 use crate::status::{self, StatusInput, Verdict, WorkloadFacts, reason};
 use crate::topics::{KafkaAdmin, TopicError};
 use claim::Ownership;
+use reset::ResetPlan;
 
 pub const FINALIZER: &str = "oxbow.dev/cleanup";
 pub const FIELD_MANAGER: &str = "oxbow-operator";
@@ -60,6 +62,7 @@ pub mod event_reason {
     pub const NOT_READY: &str = "NotReady";
     pub const CLEANED_UP: &str = "CleanedUp";
     pub const CLEANUP_TIMED_OUT: &str = "CleanupTimedOut";
+    pub const STATE_RESET: &str = "StateReset";
     pub const ALL: &[&str] = &[
         TOPIC_CREATED,
         TOPIC_PARTITIONS_ADDED,
@@ -68,6 +71,7 @@ pub mod event_reason {
         NOT_READY,
         CLEANED_UP,
         CLEANUP_TIMED_OUT,
+        STATE_RESET,
     ];
 }
 
@@ -101,6 +105,8 @@ pub enum Error {
     Cleanup(String),
     #[error("failed to run the finalizer: {0}")]
     Finalizer(String),
+    #[error("failed to remove the oxbow.dev/reset annotation: {0}")]
+    ResetAnnotation(#[source] kube::Error),
 }
 
 impl Error {
@@ -116,6 +122,7 @@ impl Error {
             Error::Claims(_) => "Claims",
             Error::Cleanup(_) => "Cleanup",
             Error::Finalizer(_) => "Finalizer",
+            Error::ResetAnnotation(_) => "ResetAnnotation",
         }
     }
 }
@@ -598,11 +605,18 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         .map(|s| s.store_layouts.clone())
         .unwrap_or_default();
     let changes = oxbow_crds::layouts::incompatible(&recorded, &layouts);
-    if invalid.is_none() && !changes.is_empty() {
-        invalid = Some(Verdict::stalled(
-            reason::INCOMPATIBLE_STATE_CHANGE,
-            oxbow_crds::layouts::message(&changes),
-        ));
+    // Unless the user named those stores to be emptied (`oxbow.dev/reset`).
+    let mut resetting = None;
+    match reset::plan(&changes, &reset::requested(app)) {
+        ResetPlan::Nothing => {}
+        ResetPlan::Reset(stores) => resetting = invalid.is_none().then_some(stores),
+        ResetPlan::NotAllowed(missing) if invalid.is_none() => {
+            invalid = Some(Verdict::stalled(
+                reason::INCOMPATIBLE_STATE_CHANGE,
+                oxbow_crds::layouts::message(&changes) + &reset::hint(app, &missing),
+            ));
+        }
+        ResetPlan::NotAllowed(_) => {}
     }
 
     // --- own: claim the application id on this Kafka cluster before anything is rolled
@@ -637,6 +651,14 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         }
         None => None,
     };
+    // A reset deletes changelogs: only this app's, and only with the claims read.
+    if let (Some(stores), Some(v)) = (&resetting, &view)
+        && let Some(why) = reset::refusal(app, v, stores)
+    {
+        invalid = Some(Verdict::stalled(reason::INCOMPATIBLE_STATE_CHANGE, why));
+        resetting = None;
+    }
+    let reset_stores = resetting.as_ref().filter(|_| view.is_some());
 
     // --- place (pure): who runs which task, and how large the StatefulSet must stay.
     let previous = app.status.clone().unwrap_or_default();
@@ -699,13 +721,18 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         _ => None,
     };
     let wanted = plan.as_ref().map(|p| &p.assignment).or(published.as_ref());
-    let sts_replicas = placement::stateful_set_replicas(
-        app.spec.replicas,
-        &app.worker_name(),
-        wanted,
-        &facts,
-        &previous.instances,
-    );
+    // A reset stops every worker before the changelogs it would write are deleted.
+    let sts_replicas = if reset_stores.is_some() {
+        0
+    } else {
+        placement::stateful_set_replicas(
+            app.spec.replicas,
+            &app.worker_name(),
+            wanted,
+            &facts,
+            &previous.instances,
+        )
+    };
 
     // --- topics (once the task count is known and the id is this app's), before the
     // workload: pods must never write to a topic that is not the app's.
@@ -721,6 +748,13 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Verdict::waiting(
             reason::SPEC_INVALID,
             "topics are not reconciled while the spec is invalid or the applicationId is not this app's",
+        )
+    } else if reset_stores.is_some() {
+        // Re-created empty by the first reconciliation after the reset.
+        topic_statuses = previous.topics.clone();
+        Verdict::waiting(
+            reason::RESETTING_STATE,
+            "the changelogs of the stores being reset are re-created once the workers have stopped",
         )
     } else if let (Some(tasks), Some(c), Some(view)) = (tasks, &cluster, &view) {
         match internal_topics::reconcile(app, c, view, tasks, ctx).await {
@@ -807,6 +841,26 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             Err(e) => apply_error = Some(e),
         }
     }
+    // A reset goes one step further once the workers are told to stop.
+    let mut reset_progress = None;
+    if rolled_out && let (Some(stores), Some(c)) = (reset_stores, &cluster) {
+        match reset::advance(c, &app.application_id(), stores, pods.len()).await {
+            Ok(p) => reset_progress = Some(p),
+            Err(Error::Topics(e)) => kafka_error = Some(e),
+            Err(e) => apply_error = Some(e),
+        }
+    }
+    let reset_done = reset_progress == Some(reset::Progress::Done);
+    let reset_verdict = reset_stores.map(|stores| {
+        let msg = match &reset_progress {
+            Some(p) => p.message(stores),
+            None => format!(
+                "resetting store(s) {}: stopping the workers",
+                stores.join(", ")
+            ),
+        };
+        Verdict::waiting(reason::RESETTING_STATE, msg)
+    });
     let apply_verdict = apply_error.as_ref().map(|e| match e {
         // The API server refused the object (invalid, or RBAC): retrying cannot help.
         Error::ApplyChild {
@@ -848,7 +902,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .is_some_and(|a| !status::unacknowledged(a, &instances).is_empty());
     let input = StatusInput {
         generation: app.metadata.generation,
-        invalid: invalid.clone().or(apply_verdict.clone()),
+        invalid: invalid
+            .clone()
+            .or(apply_verdict.clone())
+            .or(reset_verdict.clone()),
         topics: topics_verdict,
         tasks: tasks_verdict,
         workload: status::workload_verdict(&workload),
@@ -890,12 +947,30 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         }),
         lag: instances.iter().filter_map(|i| i.lag).reduce(|a, b| a + b),
         restoration,
-        // The layouts the workers now run with; until a rollout, the ones before.
-        store_layouts: if rolled_out { layouts } else { recorded },
+        // The layouts the workers now run with; until a rollout (or a reset's end),
+        // the ones before.
+        store_layouts: if reset_done || (rolled_out && reset_stores.is_none()) {
+            layouts
+        } else {
+            recorded
+        },
         instances: vec![],
         topics: topic_statuses,
     };
     write_status(ctx, app, &new_status).await?;
+    if reset_done {
+        if let Some(v) = &reset_verdict {
+            ctx.event(
+                app,
+                EventType::Normal,
+                event_reason::STATE_RESET,
+                v.message.clone(),
+            )
+            .await;
+        }
+        // Recorded first: a failure here leaves an annotation with nothing to reset.
+        reset::finish(&ctx.client, app).await?;
+    }
 
     // --- events for notable transitions.
     if ready && !was_ready {
@@ -947,6 +1022,9 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         } else if invalid.is_some() {
             // Only a spec change can fix it.
             Action::await_change()
+        } else if reset_stores.is_some() {
+            // Pods stop and Kafka deletes topics without telling us.
+            Action::requeue(Duration::from_secs(2))
         } else if source_problem.is_some() || stalled.is_some() {
             // Someone may create or fix the topics: look again later.
             Action::requeue(Duration::from_secs(30))

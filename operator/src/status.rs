@@ -73,6 +73,7 @@ pub mod reason {
         APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
         BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
         APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
+        RESETTING_STATE = "ResettingState" on [super::READY, super::RECONCILING, super::TOPICS_READY];
         TOPICS_READY = "TopicsReady" on [super::TOPICS_READY];
         TOPICS_PROVISIONING = "TopicsProvisioning" on [super::TOPICS_READY];
         CONFIG_DRIFT = "ConfigDrift" on [super::TOPICS_READY];

@@ -31,6 +31,11 @@ pub struct Identity {
     /// Tasks per stage (the source partition count) when the state was written: keys
     /// are spread over tasks by it.
     pub partitions: u32,
+    /// What each store's data means (`oxbow_crds::layouts`) as written. A store whose
+    /// layout changed was reset (`oxbow.dev/reset`): its local copy is not this one.
+    /// Empty in directories written before layouts were recorded.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub layouts: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -221,10 +221,15 @@ impl Engine {
     /// (see [`quarantine`]) and the task starts empty, to restore from its changelog.
     pub(super) fn open_db(&self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
         let dir = self.task_dir(id);
+        let stores = self.task_stores(id);
         let expected = Identity {
             application_id: self.app.application_id.clone(),
             task: id.to_string(),
             partitions: self.partitions,
+            layouts: oxbow_crds::layouts::store_layouts(&self.app.manifest.spec)
+                .into_iter()
+                .filter(|(s, _)| stores.iter().any(|t| t.0 == *s))
+                .collect(),
         };
         let unusable = match self.open_dir(id, &dir)? {
             Ok(db) => match quarantine::judge(db.identity()?, &expected) {

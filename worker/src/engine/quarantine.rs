@@ -21,6 +21,9 @@ pub enum Unusable {
     Foreign { found: Identity },
     /// Its identity record is there but is not one.
     BadIdentity(String),
+    /// A store's data was written under another layout: the store was reset
+    /// (`oxbow.dev/reset`), its changelog started over, and this copy is the old data.
+    LayoutChanged { store: String, was: String },
 }
 
 impl Unusable {
@@ -29,6 +32,7 @@ impl Unusable {
             Self::Unreadable(_) => "unreadable",
             Self::Foreign { .. } => "foreign",
             Self::BadIdentity(_) => "bad_identity",
+            Self::LayoutChanged { .. } => "layout_changed",
         }
     }
 
@@ -45,6 +49,10 @@ impl Unusable {
                 expected.partitions
             ),
             Self::BadIdentity(e) => format!("its identity record is unreadable: {e}"),
+            Self::LayoutChanged { store, was } => format!(
+                "store {store:?} holds data laid out as \"{was}\" but the app now needs \"{}\" (the store was reset)",
+                expected.layouts.get(store).map_or("", String::as_str)
+            ),
         }
     }
 }
@@ -54,7 +62,8 @@ impl Unusable {
 pub enum Verdict {
     /// Its identity is this task's.
     Use,
-    /// No identity yet (new, or written before identities): record this task's.
+    /// No identity yet (new, or written before identities), or this task's with stores
+    /// added, dropped or not yet recorded: record this task's.
     Stamp,
     /// Not this task's state.
     MoveAside(Unusable),
@@ -66,7 +75,28 @@ pub fn judge(found: Option<Result<Identity, String>>, expected: &Identity) -> Ve
         None => Verdict::Stamp,
         Some(Err(e)) => Verdict::MoveAside(Unusable::BadIdentity(e)),
         Some(Ok(found)) if &found == expected => Verdict::Use,
-        Some(Ok(found)) => Verdict::MoveAside(Unusable::Foreign { found }),
+        Some(Ok(found))
+            if found.application_id != expected.application_id
+                || found.task != expected.task
+                || found.partitions != expected.partitions =>
+        {
+            Verdict::MoveAside(Unusable::Foreign { found })
+        }
+        Some(Ok(found)) => {
+            // A store kept under its name with another layout; a store new or gone, or
+            // a directory from before layouts, is only re-stamped.
+            let changed = found
+                .layouts
+                .iter()
+                .find(|(store, was)| expected.layouts.get(*store).is_some_and(|now| now != *was));
+            match changed {
+                Some((store, was)) => Verdict::MoveAside(Unusable::LayoutChanged {
+                    store: store.clone(),
+                    was: was.clone(),
+                }),
+                None => Verdict::Stamp,
+            }
+        }
     }
 }
 
@@ -100,6 +130,11 @@ mod tests {
             application_id: "ns.orders".into(),
             task: "0_3".into(),
             partitions: 4,
+            layouts: [(
+                "totals".to_string(),
+                "aggregate window=none fields=n:count".to_string(),
+            )]
+            .into(),
         }
     }
 
@@ -132,6 +167,35 @@ mod tests {
             judge(Some(Err("eof".into())), &me()),
             Verdict::MoveAside(Unusable::BadIdentity(_))
         ));
+    }
+
+    #[test]
+    fn a_store_reset_under_another_layout_is_moved_aside_and_a_new_store_is_stamped() {
+        let old = Identity {
+            layouts: [(
+                "totals".to_string(),
+                "aggregate window=none fields=n:count,s:sum".to_string(),
+            )]
+            .into(),
+            ..me()
+        };
+        assert_eq!(
+            judge(Some(Ok(old)), &me()),
+            Verdict::MoveAside(Unusable::LayoutChanged {
+                store: "totals".into(),
+                was: "aggregate window=none fields=n:count,s:sum".into()
+            })
+        );
+        let before_layouts = Identity {
+            layouts: Default::default(),
+            ..me()
+        };
+        assert_eq!(judge(Some(Ok(before_layouts)), &me()), Verdict::Stamp);
+        let other_store = Identity {
+            layouts: [("seen".to_string(), "dedupe".to_string())].into(),
+            ..me()
+        };
+        assert_eq!(judge(Some(Ok(other_store)), &me()), Verdict::Stamp);
     }
 
     #[test]
