@@ -187,3 +187,81 @@ fn session_windows_with_grace_match_the_model() {
     );
     assert_eq!(run("session", "{session: {gap: 2500ms}, grace: 5s}"), want);
 }
+
+/// Every entry of the app's single task's store `w`: (key, value) bytes.
+fn stored_entries(state: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let app_dir = std::fs::read_dir(state)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the app's state directory");
+    let task = oxbow_crds::TaskId::new(0, 0);
+    let store = oxbow_crds::StoreName("w".into());
+    let memory = oxbow_worker::store::SharedMemory::new(16 << 20);
+    let db = oxbow_worker::store::TaskDb::open(
+        &app_dir.join(task.to_string()),
+        task,
+        std::slice::from_ref(&store),
+        &memory,
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    db.scan(&store, &mut |k, v| {
+        out.push((k.to_vec(), v.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn a_keys_windows_are_stored_one_row_each_so_no_stored_value_grows_with_them() {
+    let app = unique("rows");
+    let input = format!("{app}-in");
+    create_topic(&input, 1);
+    create_topic(&format!("{app}-out"), 1);
+    // One key, 300 one-second windows, all kept for an hour.
+    let base = events()[0].1;
+    produce(
+        &input,
+        (0..300i64)
+            .map(|i| Input::json("k", json!({"k": "k", "ts": base + i * 1000, "amount": 1}))),
+    );
+    let manifest = format!(
+        r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: {app}}}
+spec:
+  kafka: {{bootstrapServers: "{bootstrap}"}}
+  source: {{topics: [{input}], timestamp: value.ts}}
+  steps:
+  - aggregate:
+      store: w
+      groupBy: key
+      window: {{tumbling: 1s, retention: 1h}}
+      fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
+  sink: {{topic: {app}-out}}
+"#,
+        bootstrap = bootstrap()
+    );
+    let dir = scratch_dir(&app);
+    WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
+    let out = read_all(&format!("{app}-out"), "read_committed");
+    assert_eq!(
+        out.len(),
+        300,
+        "one update per record: {:?}",
+        out.iter().map(|o| o.json()).take(3).collect::<Vec<_>>()
+    );
+
+    let entries = stored_entries(&dir.join("state"));
+    let rows = entries.iter().filter(|(k, _)| k.starts_with(b"w")).count();
+    assert_eq!(rows, 300, "one row per window");
+    let largest = entries.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    assert!(
+        largest < 256,
+        "no stored value holds more than one window: the largest is {largest} bytes"
+    );
+}

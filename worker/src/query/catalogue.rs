@@ -23,7 +23,8 @@ use crate::steps::{AggState, WindowAgg};
 /// How a store's entries are laid out (the byte layouts are in `crate::steps::keys`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Layout {
-    /// `k<group>` → JSON `AggState`; fields in the spec's (sorted) order.
+    /// `k<group>` → JSON `AggState` without a window, one row per window with one
+    /// (`keys::window_key`); fields in the spec's (sorted) order.
     Aggregate {
         fields: Vec<String>,
         rules: Option<WindowRules>,
@@ -45,6 +46,7 @@ impl Layout {
     /// The prefix of user keys in the store.
     pub(crate) fn prefix(&self) -> &'static [u8] {
         match self {
+            Layout::Aggregate { rules: Some(_), .. } => keys::WINDOW_PREFIX,
             Layout::Aggregate { .. } | Layout::Dedupe { .. } => keys::KEY_PREFIX,
             Layout::Batch => keys::HEADER_PREFIX,
             Layout::Table { .. } | Layout::GlobalTable { .. } | Layout::Custom => b"",
@@ -290,6 +292,32 @@ pub fn decode_entry(
             "store written by a custom processor: its value is returned as stored".into(),
         ),
     }
+}
+
+/// A windowed aggregate's entry from its window rows (values as stored, in start
+/// order): its `windows`, or the first row it cannot read, returned as stored.
+pub fn decode_window_rows(
+    layout: &Layout,
+    rows: &[Vec<u8>],
+    stream_time: Option<i64>,
+    filter: WindowFilter,
+) -> Json {
+    let Layout::Aggregate { fields, rules } = layout else {
+        return json!({ "windows": [] });
+    };
+    let mut s = AggState::default();
+    for v in rows {
+        match serde_json::from_slice::<WindowAgg>(v) {
+            Ok(w) => s.windows.push(w),
+            Err(e) => {
+                return raw(
+                    v,
+                    format!("failed to decode a window of the aggregate: {e}"),
+                );
+            }
+        }
+    }
+    decode_aggregate(fields, rules.as_ref(), &s, stream_time, filter)
 }
 
 /// An aggregate's answer: its `value`, or with a window its `windows` (those `filter`

@@ -10,13 +10,17 @@ use base64::Engine as _;
 use oxbow_crds::StoreName;
 use serde_json::{Value as Json, json};
 
-use super::catalogue::{Layout, decode_entry};
+use super::catalogue::{Layout, decode_entry, decode_window_rows};
 use super::params::WindowFilter;
 use crate::steps::keys;
 use crate::store::{StoreError, TaskDb};
 
 /// How many per-topic open batches a group's lookup reads at most.
 const MAX_BATCHES_PER_GROUP: usize = 1024;
+/// How many windows of a key a lookup reads at most.
+const MAX_WINDOWS_PER_KEY: usize = 100_000;
+/// Window rows a range read takes from the store at a time.
+const ROWS_PER_READ: usize = 1024;
 
 /// A windowed aggregate's stream time (it says which windows are closed); `None` for
 /// other layouts or before the step stored one.
@@ -38,6 +42,22 @@ pub fn read_entry(
     key: &str,
     filter: WindowFilter,
 ) -> Result<Option<Json>, StoreError> {
+    if layout.windowed() {
+        let rows: Vec<Vec<u8>> = db
+            .prefixed(store, &keys::window_group_prefix(key), MAX_WINDOWS_PER_KEY)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let st = stream_time(db, store, layout)?;
+        let mut e = decode_window_rows(layout, &rows, st, filter);
+        if let (Some(st), Some(o)) = (st, e.as_object_mut()) {
+            o.insert("streamTime".into(), json!(st));
+        }
+        return Ok(Some(e));
+    }
     let full = keys::prefixed(layout.prefix(), key.as_bytes());
     if *layout == Layout::Batch {
         // With several source topics a group has one open batch per topic.
@@ -77,6 +97,9 @@ pub fn read_range(
         None => keys::prefix_end(prefix),
     };
     let st = stream_time(db, store, layout)?;
+    if layout.windowed() {
+        return read_window_range(db, store, layout, start, end, limit, st);
+    }
     Ok(db
         .range(store, &start, end.as_deref(), limit)?
         .into_iter()
@@ -87,6 +110,59 @@ pub fn read_range(
             (user, e)
         })
         .collect())
+}
+
+/// [`read_range`] of a windowed aggregate: its window rows grouped by key, up to
+/// `limit` keys, each with all its windows.
+fn read_window_range(
+    db: &TaskDb,
+    store: &StoreName,
+    layout: &Layout,
+    mut from: Vec<u8>,
+    end: Option<Vec<u8>>,
+    limit: usize,
+    st: Option<i64>,
+) -> Result<Vec<(Vec<u8>, Json)>, StoreError> {
+    let mut groups: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+    loop {
+        let rows = db.range(store, &from, end.as_deref(), ROWS_PER_READ)?;
+        let more = rows.len() == ROWS_PER_READ;
+        for (k, v) in rows {
+            from = [k.as_slice(), &[0]].concat();
+            let Some((group, _, _)) = keys::split_window_key(&k) else {
+                continue;
+            };
+            let same = groups.last().is_some_and(|(g, _)| g.as_slice() == group);
+            if same {
+                if let Some((_, vs)) = groups.last_mut() {
+                    vs.push(v);
+                }
+            } else if groups.len() == limit {
+                // The next key: every kept key has all its windows.
+                return Ok(finish_groups(layout, groups, st));
+            } else {
+                groups.push((group.to_vec(), vec![v]));
+            }
+        }
+        if !more {
+            return Ok(finish_groups(layout, groups, st));
+        }
+    }
+}
+
+fn finish_groups(
+    layout: &Layout,
+    groups: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+    st: Option<i64>,
+) -> Vec<(Vec<u8>, Json)> {
+    groups
+        .into_iter()
+        .map(|(user, rows)| {
+            let e = decode_window_rows(layout, &rows, st, WindowFilter::default());
+            let e = range_entry(layout, &user, e);
+            (user, e)
+        })
+        .collect()
 }
 
 /// A range entry: the decoded fields with the key shown as text, the source topic of a

@@ -23,7 +23,8 @@ pub(super) struct Aggregate {
     rules: Option<WindowRules>,
     fields: Vec<(String, AggKind, Option<Expr>)>,
     emit: Emit,
-    /// No group is due before this (its due index is in the store, `keys::due_key`):
+    /// No window is due before this (its due index is in the store,
+    /// `keys::window_due_key`):
     /// a record that moves stream time below it reads no index. `i64::MIN` when not
     /// known, so the next record looks.
     due_hint: i64,
@@ -97,6 +98,7 @@ impl Aggregate {
         })
     }
 
+    /// An unwindowed aggregate's state of `group`.
     fn load(&self, ctx: &Context<'_>, group: &str) -> Result<AggState, StepError> {
         match ctx.get(&self.store, &keys::aggregate_key(group))? {
             Some(b) => serde_json::from_slice(&b).map_err(|e| {
@@ -109,12 +111,50 @@ impl Aggregate {
     }
 
     fn save(&self, ctx: &mut Context<'_>, group: &str, s: &AggState) {
-        if s.windows.is_empty() {
-            ctx.delete(&self.store, &keys::aggregate_key(group));
-        } else {
-            // Serializing plain data into a Vec cannot fail.
-            let bytes = serde_json::to_vec(s).unwrap_or_default();
-            ctx.put(&self.store, &keys::aggregate_key(group), bytes);
+        // Serializing plain data into a Vec cannot fail.
+        let bytes = serde_json::to_vec(s).unwrap_or_default();
+        ctx.put(&self.store, &keys::aggregate_key(group), bytes);
+    }
+
+    /// One window's row (`keys::window_key`), if stored.
+    fn get_window(&self, ctx: &Context<'_>, key: &[u8]) -> Result<Option<WindowAgg>, StepError> {
+        ctx.get(&self.store, key)?
+            .map(|b| {
+                serde_json::from_slice(&b).map_err(|e| {
+                    StepError::Record(format!("failed to decode a window of the aggregate: {e}"))
+                })
+            })
+            .transpose()
+    }
+
+    fn put_window(&self, ctx: &mut Context<'_>, key: &[u8], w: &WindowAgg) {
+        let bytes = serde_json::to_vec(w).unwrap_or_default();
+        ctx.put(&self.store, key, bytes);
+    }
+
+    /// Every window row of `group`, in start order: (row key, window).
+    fn group_windows(
+        &self,
+        ctx: &Context<'_>,
+        group: &str,
+    ) -> Result<Vec<(Vec<u8>, WindowAgg)>, StepError> {
+        let prefix = keys::window_group_prefix(group);
+        let end = keys::prefix_end(&prefix).unwrap_or_default();
+        let mut from = prefix.clone();
+        let mut out = Vec::new();
+        loop {
+            let rows = ctx.range(&self.store, &from, &end, DUE_BATCH)?;
+            let full = rows.len() == DUE_BATCH;
+            for (k, v) in rows {
+                let w = serde_json::from_slice(&v).map_err(|e| {
+                    StepError::Record(format!("failed to decode a window of {group:?}: {e}"))
+                })?;
+                from = [k.as_slice(), &[0]].concat();
+                out.push((k, w));
+            }
+            if !full {
+                return Ok(out);
+            }
         }
     }
 
@@ -135,83 +175,90 @@ impl Aggregate {
         }
     }
 
-    /// The next time this key needs attention: a window to close (onWindowClose) or to
-    /// purge.
-    fn next_due(&self, s: &AggState) -> Option<i64> {
-        let rules = self.rules?;
-        s.windows
-            .iter()
-            .map(|w| {
-                let win = Window {
-                    start: w.start,
-                    end: w.end,
-                };
-                let close = w.end.saturating_add(rules.grace);
-                let expire = w
-                    .start
-                    .saturating_add(rules.retention.max(w.end - w.start + rules.grace));
-                if self.emit == Emit::OnWindowClose && !w.emitted {
-                    let _ = win;
-                    close
-                } else {
-                    expire
-                }
-            })
-            .min()
-    }
-
-    /// Moves a group's due index entry from `old` to `new` (either may be none).
-    fn reindex(&mut self, ctx: &mut Context<'_>, group: &str, old: Option<i64>, new: Option<i64>) {
-        if old == new {
-            return;
-        }
-        if let Some(o) = old {
-            ctx.delete(&self.store, &keys::due_key(o, group));
-        }
-        if let Some(n) = new {
-            ctx.put(&self.store, &keys::due_key(n, group), Vec::new());
-            self.due_hint = self.due_hint.min(n);
+    /// When a window needs attention next: to close it (onWindowClose, not yet sent) or
+    /// to purge it.
+    fn window_due(&self, rules: &WindowRules, w: &WindowAgg) -> i64 {
+        if self.emit == Emit::OnWindowClose && !w.emitted {
+            w.end.saturating_add(rules.grace)
+        } else {
+            w.start
+                .saturating_add(rules.retention.max(w.end - w.start + rules.grace))
         }
     }
 
-    /// One due group: emits its windows closed by `stream_time` (onWindowClose), purges
-    /// the expired ones, and indexes when it is due next.
-    fn close_due(
+    /// Stores a window and indexes when it is due. Its due time only changes when it is
+    /// emitted, so an update of a stored window leaves the index as it is.
+    fn store_window(
         &mut self,
         ctx: &mut Context<'_>,
         rules: &WindowRules,
-        group: &str,
+        key: &[u8],
+        w: &WindowAgg,
+        new: bool,
+    ) {
+        self.put_window(ctx, key, w);
+        if new {
+            let due = self.window_due(rules, w);
+            ctx.put(&self.store, &keys::window_due_key(due, key), Vec::new());
+            self.due_hint = self.due_hint.min(due);
+        }
+    }
+
+    /// Drops a stored window and its index entry.
+    fn drop_window(
+        &mut self,
+        ctx: &mut Context<'_>,
+        rules: &WindowRules,
+        key: &[u8],
+        w: &WindowAgg,
+    ) {
+        ctx.delete(&self.store, key);
+        ctx.delete(
+            &self.store,
+            &keys::window_due_key(self.window_due(rules, w), key),
+        );
+    }
+
+    /// One due window: emits it if `stream_time` closed it (onWindowClose), purges it if
+    /// expired, or indexes when it is due next.
+    fn close_window(
+        &mut self,
+        ctx: &mut Context<'_>,
+        rules: &WindowRules,
+        key: &[u8],
         stream_time: i64,
         out: &mut Vec<Record>,
     ) -> Result<(), StepError> {
-        let mut s = self.load(ctx, group)?;
-        for w in &mut s.windows {
-            let win = Window {
-                start: w.start,
-                end: w.end,
-            };
-            if self.emit == Emit::OnWindowClose && !w.emitted && rules.is_closed(win, stream_time) {
-                w.emitted = true;
-                out.push(self.output(group, w, w.end.saturating_sub(1)));
-            }
+        let (Some((group, _, _)), Some(mut w)) =
+            (keys::split_window_key(key), self.get_window(ctx, key)?)
+        else {
+            return Ok(());
+        };
+        let win = Window {
+            start: w.start,
+            end: w.end,
+        };
+        let mut changed = false;
+        if self.emit == Emit::OnWindowClose && !w.emitted && rules.is_closed(win, stream_time) {
+            w.emitted = true;
+            changed = true;
+            let group = String::from_utf8_lossy(group).into_owned();
+            out.push(self.output(&group, &w, w.end.saturating_sub(1)));
         }
-        s.windows.retain(|w| {
-            !rules.is_expired(
-                Window {
-                    start: w.start,
-                    end: w.end,
-                },
-                stream_time,
-            )
-        });
-        self.save(ctx, group, &s);
-        if let Some(next) = self.next_due(&s) {
-            ctx.put(&self.store, &keys::due_key(next, group), Vec::new());
+        if rules.is_expired(win, stream_time) {
+            ctx.delete(&self.store, key);
+            return Ok(());
         }
+        if changed {
+            self.put_window(ctx, key, &w);
+        }
+        let due = self.window_due(rules, &w);
+        ctx.put(&self.store, &keys::window_due_key(due, key), Vec::new());
+        self.due_hint = self.due_hint.min(due);
         Ok(())
     }
 
-    /// Emits windows closed by `stream_time` and purges expired ones: the groups whose
+    /// Emits windows closed by `stream_time` and purges expired ones: the windows whose
     /// due index entry is at or before it.
     fn advance(
         &mut self,
@@ -225,51 +272,63 @@ impl Aggregate {
         if stream_time < self.due_hint {
             return Ok(());
         }
-        let upto = keys::due_bound(stream_time.saturating_add(1));
+        let upto = keys::window_due_bound(stream_time.saturating_add(1));
         loop {
-            let due = ctx.range(&self.store, keys::DUE_PREFIX, &upto, DUE_BATCH)?;
+            let due = ctx.range(&self.store, keys::WINDOW_DUE_PREFIX, &upto, DUE_BATCH)?;
             for (k, _) in &due {
-                if let Some((_, group)) = keys::split_due_key(k) {
-                    let group = String::from_utf8_lossy(group).into_owned();
+                if let Some((_, row)) = keys::split_window_due_key(k) {
                     ctx.delete(&self.store, k);
-                    self.close_due(ctx, &rules, &group, stream_time, out)?;
+                    self.close_window(ctx, &rules, &row, stream_time, out)?;
                 }
             }
-            // What a group is due at next is after `stream_time`: the loop ends.
+            // What a window is due at next is after `stream_time`: the loop ends.
             if due.len() < DUE_BATCH {
                 break;
             }
         }
         // The earliest entry left (this record's own writes included) is the new hint.
-        let end = keys::prefix_end(keys::DUE_PREFIX).unwrap_or_default();
-        let first = ctx.range(&self.store, keys::DUE_PREFIX, &end, 1)?;
+        let end = keys::prefix_end(keys::WINDOW_DUE_PREFIX).unwrap_or_default();
+        let first = ctx.range(&self.store, keys::WINDOW_DUE_PREFIX, &end, 1)?;
         self.due_hint = first
             .first()
-            .and_then(|(k, _)| keys::split_due_key(k))
+            .and_then(|(k, _)| keys::split_window_due_key(k))
             .map_or(i64::MAX, |(at, _)| at);
         Ok(())
     }
 
-    /// Builds the due index of a store written before it existed: one scan, once.
-    fn migrate_due_index(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
-        let mut entries = Vec::new();
-        let this = &*self;
+    /// Converts a store from before window rows (every window of a key in one `k`
+    /// value, a per-key due index): one scan, once.
+    fn migrate_to_window_rows(
+        &mut self,
+        ctx: &mut Context<'_>,
+        rules: &WindowRules,
+    ) -> Result<(), StepError> {
+        let mut groups = Vec::new();
+        let mut stale = Vec::new();
         ctx.scan(&self.store, &mut |k, v| {
-            if let Some(g) = keys::user_key(k)
-                && let Ok(s) = serde_json::from_slice::<AggState>(v)
-                && let Some(at) = this.next_due(&s)
-            {
-                entries.push(keys::due_key(at, &String::from_utf8_lossy(g)));
+            if let Some(g) = keys::user_key(k) {
+                if let Ok(s) = serde_json::from_slice::<AggState>(v) {
+                    groups.push((String::from_utf8_lossy(g).into_owned(), s));
+                }
+                stale.push(k.to_vec());
+            } else if k.starts_with(keys::DUE_PREFIX) || k == keys::DUE_INDEX_MARK {
+                stale.push(k.to_vec());
             }
             Ok(())
         })?;
-        if !entries.is_empty() {
-            tracing::info!(step = %self.name, groups = entries.len(), "built the due index of a store from before it existed");
+        if !groups.is_empty() {
+            tracing::info!(step = %self.name, groups = groups.len(), "converting a windowed aggregate store to one row per window");
         }
-        for k in entries {
-            ctx.put(&self.store, &k, Vec::new());
+        for k in stale {
+            ctx.delete(&self.store, &k);
         }
-        ctx.put(&self.store, keys::DUE_INDEX_MARK, Vec::new());
+        for (group, s) in groups {
+            for w in s.windows {
+                let key = keys::window_key(&group, w.start, w.end);
+                self.store_window(ctx, rules, &key, &w, true);
+            }
+        }
+        ctx.put(&self.store, keys::WINDOW_ROWS_MARK, Vec::new());
         Ok(())
     }
 
@@ -341,64 +400,65 @@ impl Aggregate {
         Ok(())
     }
 
-    /// Tumbling and hopping windows: adds the record to each of its open windows and
-    /// returns their indexes in `s.windows`.
+    /// Tumbling and hopping windows: adds the record to each of its open windows (one
+    /// row each) and returns them.
     fn add_to_windows(
-        &self,
+        &mut self,
+        ctx: &mut Context<'_>,
         rules: &WindowRules,
-        s: &mut AggState,
+        group: &str,
         values: &[Json],
         ts: i64,
         stream_time: i64,
-    ) -> Vec<usize> {
+    ) -> Result<Vec<WindowAgg>, StepError> {
         let mut touched = Vec::new();
         for win in rules.assign(ts) {
             if rules.is_closed(win, stream_time) {
                 continue; // late: this window is final
             }
-            let idx = match s
-                .windows
-                .iter()
-                .position(|w| w.start == win.start && w.end == win.end)
-            {
-                Some(i) => {
-                    for (a, v) in s.windows[i].acc.iter_mut().zip(values) {
+            let key = keys::window_key(group, win.start, win.end);
+            let (w, new) = match self.get_window(ctx, &key)? {
+                Some(mut w) => {
+                    for (a, v) in w.acc.iter_mut().zip(values) {
                         a.add(v, ts);
                     }
-                    i
+                    (w, false)
                 }
-                None => {
-                    s.windows.push(WindowAgg {
+                None => (
+                    WindowAgg {
                         start: win.start,
                         end: win.end,
                         emitted: false,
                         acc: self.new_acc(values, ts),
-                    });
-                    s.windows.len() - 1
-                }
+                    },
+                    true,
+                ),
             };
-            touched.push(idx);
+            self.store_window(ctx, rules, &key, &w, new);
+            touched.push(w);
         }
-        touched
+        Ok(touched)
     }
 
-    /// Session windows: merges the record with every open session it is within `gap` of
-    /// and returns the index of the session that now holds it (none when it is late).
+    /// Session windows: merges the record with every open session of its group it is
+    /// within `gap` of, and returns the session that now holds it (none when late).
+    #[allow(clippy::too_many_arguments)]
     fn add_to_session(
-        &self,
+        &mut self,
+        ctx: &mut Context<'_>,
         rules: &WindowRules,
         gap: i64,
-        s: &mut AggState,
+        group: &str,
         values: &[Json],
         ts: i64,
         stream_time: i64,
-    ) -> Vec<usize> {
+    ) -> Result<Vec<WindowAgg>, StepError> {
         let own = Window {
             start: ts,
             end: ts.saturating_add(gap),
         };
         if rules.is_closed(own, stream_time) {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let mut merged = WindowAgg {
             start: own.start,
@@ -406,8 +466,7 @@ impl Aggregate {
             emitted: false,
             acc: self.new_acc(values, ts),
         };
-        let mut keep = Vec::new();
-        for w in std::mem::take(&mut s.windows) {
+        for (key, w) in self.group_windows(ctx, group)? {
             let open = !rules.is_closed(
                 Window {
                     start: w.start,
@@ -422,18 +481,12 @@ impl Aggregate {
                 for (a, b) in merged.acc.iter_mut().zip(&w.acc) {
                     a.merge(b);
                 }
-            } else {
-                keep.push(w);
+                self.drop_window(ctx, rules, &key, &w);
             }
         }
-        keep.push(merged);
-        keep.sort_by_key(|w| w.start);
-        s.windows = keep;
-        s.windows
-            .iter()
-            .position(|w| w.start <= ts && ts < w.end)
-            .into_iter()
-            .collect()
+        let key = keys::window_key(group, merged.start, merged.end);
+        self.store_window(ctx, rules, &key, &merged, true);
+        Ok(vec![merged])
     }
 }
 
@@ -448,11 +501,13 @@ impl Processor for Aggregate {
         vec![self.store.clone()]
     }
     fn init(&mut self, ctx: &mut Context<'_>) -> Result<(), StepError> {
-        // The due index lives in the store: nothing to rebuild, unless the store is
-        // from before it.
+        // The windows and their due index live in the store: nothing to rebuild,
+        // unless the store is from before window rows.
         self.due_hint = i64::MIN;
-        if self.rules.is_some() && ctx.get(&self.store, keys::DUE_INDEX_MARK)?.is_none() {
-            self.migrate_due_index(ctx)?;
+        if let Some(rules) = self.rules
+            && ctx.get(&self.store, keys::WINDOW_ROWS_MARK)?.is_none()
+        {
+            self.migrate_to_window_rows(ctx, &rules)?;
         }
         Ok(())
     }
@@ -473,16 +528,20 @@ impl Processor for Aggregate {
         let Some(rules) = self.rules else {
             return self.process_unwindowed(ctx, &group, &values, r.timestamp, out);
         };
+        if !keys::windowable_group(&group) {
+            return Err(StepError::Record(format!(
+                "{}: the group key {group:?} contains a NUL character, which a windowed aggregate cannot store",
+                self.name
+            )));
+        }
         let stream_time = advance_stream_time(ctx, &self.store, r.timestamp, i64::MIN)?;
         self.advance(ctx, stream_time, out)?;
-        let mut s = self.load(ctx, &group)?;
-        let was_due = self.next_due(&s);
         let touched = match rules.windows {
             Windows::Tumbling { .. } | Windows::Hopping { .. } => {
-                self.add_to_windows(&rules, &mut s, &values, r.timestamp, stream_time)
+                self.add_to_windows(ctx, &rules, &group, &values, r.timestamp, stream_time)?
             }
             Windows::Session { gap } => {
-                self.add_to_session(&rules, gap, &mut s, &values, r.timestamp, stream_time)
+                self.add_to_session(ctx, &rules, gap, &group, &values, r.timestamp, stream_time)?
             }
         };
         if touched.is_empty() {
@@ -492,13 +551,10 @@ impl Processor for Aggregate {
             return Ok(());
         }
         if self.emit == Emit::OnUpdate {
-            for i in &touched {
-                out.push(self.output(&group, &s.windows[*i], r.timestamp));
+            for w in &touched {
+                out.push(self.output(&group, w, r.timestamp));
             }
         }
-        let due = self.next_due(&s);
-        self.reindex(ctx, &group, was_due, due);
-        self.save(ctx, &group, &s);
         Ok(())
     }
 }

@@ -4,13 +4,16 @@
 //!
 //! Store layouts (keys are bytes in the step's column family):
 //! - dedupe: `k<id>` → first-seen event time (8 bytes, big-endian).
-//! - aggregate: `k<group key>` → JSON [`AggState`].
+//! - aggregate without a window: `k<group key>` → JSON [`AggState`] (one window).
+//! - windowed aggregate: `w<group key>\0<start><end>` → JSON [`WindowAgg`], one row per
+//!   window (`start`, `end` as 8 order-preserving bytes), so a record rewrites only its
+//!   windows and a key's stored value does not grow with its windows; and
+//!   `t<due><group key>\0<start><end>` → empty, one per window: when it closes or
+//!   expires, so closing windows is a range read. `m:window-rows` marks a store in this
+//!   layout (older stores held every window of a key in one `k` value, with a due index
+//!   `d<due><group>` per key; they are converted once).
 //! - dedupe and aggregate: `m:stream-time` → the step's stream time (8 bytes,
 //!   big-endian). It does not start with `k`, so no scan of the `k` keys meets it.
-//! - windowed aggregate: `d<due><group>` → empty, one per group with windows: when the
-//!   group's next window closes or expires (`due` as 8 order-preserving bytes), so
-//!   closing windows is a range read, not an index of every group in memory.
-//!   `m:due-index` marks a store whose index is complete.
 //! - stream–stream join: `bl<join key>` / `br<join key>` → the JSON list of that side's
 //!   buffered records of the key; `m:stream-time` as above.
 //! - batch: `h<group>` → JSON [`OpenBatch`]; `r<group>\0<seq:be32>` → a buffered record.
@@ -22,6 +25,7 @@
 //! writes them ([`AggState`], [`OpenBatch`]).
 //!
 //! [`AggState`]: super::AggState
+//! [`WindowAgg`]: super::WindowAgg
 //! [`OpenBatch`]: super::OpenBatch
 
 /// Prefix of user keys in a dedupe store (ids) and an aggregate store (group keys).
@@ -32,10 +36,19 @@ pub const HEADER_PREFIX: &[u8] = b"h";
 pub const RECORD_PREFIX: &[u8] = b"r";
 /// A dedupe or aggregate step's stream time: not a user key.
 pub const STREAM_TIME: &[u8] = b"m:stream-time";
-/// Prefix of a windowed aggregate's due index.
+/// Prefix of the per-key due index of a windowed aggregate store from before window
+/// rows (read once, to convert it).
 pub const DUE_PREFIX: &[u8] = b"d";
-/// Present once a windowed aggregate's due index covers every group.
+/// Marked a per-key due index as complete, before window rows.
 pub const DUE_INDEX_MARK: &[u8] = b"m:due-index";
+/// Prefix of a windowed aggregate's window rows.
+pub const WINDOW_PREFIX: &[u8] = b"w";
+/// Prefix of a windowed aggregate's per-window due index.
+pub const WINDOW_DUE_PREFIX: &[u8] = b"t";
+/// Present once a windowed aggregate store holds one row per window.
+pub const WINDOW_ROWS_MARK: &[u8] = b"m:window-rows";
+/// Ends the group in a window row's key, before its start and end.
+const GROUP_END: u8 = 0;
 /// Separates the user's group from the topic in a batch group (several source topics).
 pub const TOPIC_SEPARATOR: char = '\u{1f}';
 /// [`TOPIC_SEPARATOR`] as the byte it is in a key (it is ASCII).
@@ -182,6 +195,60 @@ pub fn split_due_key(key: &[u8]) -> Option<(i64, &[u8])> {
     Some((at as i64, group))
 }
 
+/// Whether `group` can key a window row: its end is marked by a NUL byte.
+pub fn windowable_group(group: &str) -> bool {
+    !group.as_bytes().contains(&GROUP_END)
+}
+
+/// Every window row of `group` starts with this: `w<group>\0`.
+pub fn window_group_prefix(group: &str) -> Vec<u8> {
+    [WINDOW_PREFIX, group.as_bytes(), &[GROUP_END]].concat()
+}
+
+/// A window row's key: `w<group>\0<start><end>`.
+pub fn window_key(group: &str, start: i64, end: i64) -> Vec<u8> {
+    [
+        window_group_prefix(group).as_slice(),
+        &ordered(start),
+        &ordered(end),
+    ]
+    .concat()
+}
+
+fn unordered(b: &[u8]) -> Option<i64> {
+    let v = u64::from_be_bytes(<[u8; 8]>::try_from(b).ok()?) ^ (1 << 63);
+    Some(v as i64)
+}
+
+/// The group, start and end of a window row's key.
+pub fn split_window_key(key: &[u8]) -> Option<(&[u8], i64, i64)> {
+    let rest = key.strip_prefix(WINDOW_PREFIX)?;
+    let (head, times) = rest.split_at_checked(rest.len().checked_sub(16)?)?;
+    let (group, end_mark) = head.split_last().map(|(l, g)| (g, *l))?;
+    if end_mark != GROUP_END {
+        return None;
+    }
+    Some((group, unordered(&times[..8])?, unordered(&times[8..])?))
+}
+
+/// The due index key of the window row `window`, due at `at`: `t<at><group>\0<start><end>`.
+pub fn window_due_key(at: i64, window: &[u8]) -> Vec<u8> {
+    let row = window.strip_prefix(WINDOW_PREFIX).unwrap_or(window);
+    [WINDOW_DUE_PREFIX, &ordered(at), row].concat()
+}
+
+/// The first window due key due at `at` or later.
+pub fn window_due_bound(at: i64) -> Vec<u8> {
+    [WINDOW_DUE_PREFIX, &ordered(at)].concat()
+}
+
+/// The due time and the window row's key of a window due key.
+pub fn split_window_due_key(key: &[u8]) -> Option<(i64, Vec<u8>)> {
+    let rest = key.strip_prefix(WINDOW_DUE_PREFIX)?;
+    let (at, row) = rest.split_at_checked(8)?;
+    Some((unordered(at)?, [WINDOW_PREFIX, row].concat()))
+}
+
 /// An event time as stored (a dedupe mark, a stream time): 8 bytes, big-endian.
 pub fn encode_time(t: i64) -> Vec<u8> {
     t.to_be_bytes().to_vec()
@@ -213,6 +280,29 @@ mod tests {
             due_key(i64::MAX, "g").as_slice() < KEY_PREFIX,
             "the index sorts before the groups"
         );
+    }
+
+    #[test]
+    fn window_rows_sort_by_group_then_start_and_round_trip() {
+        let a = window_key("u", -60_000, 0);
+        let b = window_key("u", 0, 60_000);
+        let c = window_key("u", 60_000, 120_000);
+        let d = window_key("u1", -120_000, 0);
+        assert!(a < b && b < c && c < d, "by group, then start");
+        let p = window_group_prefix("u");
+        assert!([&a, &b, &c].iter().all(|k| k.starts_with(&p)));
+        assert!(!d.starts_with(&p), "another group is not under the prefix");
+        assert_eq!(split_window_key(&b), Some((&b"u"[..], 0, 60_000)));
+        assert_eq!(
+            split_window_key(&window_key("", i64::MIN, i64::MAX)),
+            Some((&b""[..], i64::MIN, i64::MAX))
+        );
+        assert_eq!(split_window_key(b"wu"), None);
+        assert!(!windowable_group("a\0b") && windowable_group("a b"));
+        let due = window_due_key(5, &b);
+        assert_eq!(split_window_due_key(&due), Some((5, b.clone())));
+        assert!(due >= window_due_bound(5) && due < window_due_bound(6));
+        assert!(window_due_key(i64::MAX, &b).as_slice() < WINDOW_PREFIX);
     }
 
     #[test]
