@@ -93,6 +93,8 @@ images:
     binary: "$CARGO_TARGET_DIR/release/oxbow-standin-worker"
   - image: "oxbow-testpod:*"
     binary: "$CARGO_TARGET_DIR/release/oxbow-testpod"
+  - image: "oxbow-stuck:*"
+    binary: "$CARGO_TARGET_DIR/release/examples/stuck_step"
 IMAGES
 if ! running oxbow-node; then
   node_bin="$CARGO_TARGET_DIR/release/oxbow-node"

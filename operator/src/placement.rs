@@ -101,9 +101,16 @@ pub fn pod_facts(
                 .and_then(|t| t.parse::<Timestamp>().ok())
                 .is_some_and(|t| within(now, t, failover_timeout));
             let young = p.created.is_some_and(|t| within(now, t, failover_timeout));
+            // A pod that reports is judged by its reports: a wedged engine stops them
+            // while its /readyz may still pass, and its tasks must fail over. Readiness
+            // only stands in for a pod that has never reported.
+            let alive = match entry {
+                Some(_) => reported_lately,
+                None => p.ready,
+            };
             PodFacts {
                 pod: p.name.clone(),
-                eligible: !p.terminating && (p.ready || reported_lately || young),
+                eligible: !p.terminating && (alive || young),
                 draining: p.ordinal >= replicas,
                 acknowledged: entry.and_then(|e| e.assignment_generation),
                 // Keys the worker wrote; one that is not a task number is ignored.
@@ -276,6 +283,19 @@ mod tests {
         assert!(
             pod_facts(&[p], &[], 1, ts(0), T30)[0].eligible,
             "just created: it has not had time to report"
+        );
+    }
+
+    #[test]
+    fn a_ready_pod_whose_reports_stopped_is_not_eligible() {
+        // A wedged engine stops its reports while /readyz still passes.
+        let p = obs("app-0", 0);
+        assert!(p.ready);
+        let stale = [entry("app-0", Some(ts(-31)))];
+        assert!(!pod_facts(std::slice::from_ref(&p), &stale, 1, ts(0), T30)[0].eligible);
+        assert!(
+            pod_facts(&[p], &[], 1, ts(0), T30)[0].eligible,
+            "a ready pod that never reported is judged by its readiness"
         );
     }
 

@@ -1,16 +1,23 @@
 //! A test fixture, not an example to copy: a worker whose custom step never returns for
-//! a record whose value has `"stuck": true`, as a step blocked on a dead dependency
-//! would. `worker/tests/custom_processor_gets_the_same_machinery.rs` runs it to show
-//! that `/healthz` fails once the processing loop stops turning.
+//! a record whose value has `"stuck": true`, or whose key is `stuck-on-<pod name>` when
+//! it runs in that pod, as a step blocked on a dead dependency would. It takes the same command
+//! line as `oxbow-worker` (pod mode included: the local stack runs it as the image
+//! `oxbow-stuck`).
+//! `worker/tests/custom_processor_gets_the_same_machinery.rs` runs it to show that
+//! `/healthz` fails once the processing loop stops turning, and
+//! `e2e/tests/a_wedged_worker_pod_is_failed_over_and_restarted_by_its_liveness_probe.rs`
+//! that the operator moves its tasks and the kubelet restarts it.
 //!
 //! ```sh
-//! OXBOW_LIVENESS_TIMEOUT=3s stuck_step <streamapp.yaml> <state-dir> <listen-addr>
+//! OXBOW_LIVENESS_TIMEOUT=3s stuck_step run --config <streamapp.yaml> --state-dir <dir> --listen <addr>
 //! ```
 
 use oxbow_crds::TaskId;
 use oxbow_worker::{Context, Processor, Record, StepError};
 
-struct Stuck;
+struct Stuck {
+    pod: Option<String>,
+}
 
 impl Processor for Stuck {
     fn name(&self) -> &str {
@@ -23,7 +30,11 @@ impl Processor for Stuck {
         r: Record,
         out: &mut Vec<Record>,
     ) -> Result<(), StepError> {
-        if r.value["stuck"] == serde_json::json!(true) {
+        let here = self
+            .pod
+            .as_ref()
+            .is_some_and(|p| r.key.as_str() == Some(format!("stuck-on-{p}").as_str()));
+        if r.value["stuck"] == serde_json::json!(true) || here {
             tracing::warn!("stuck record: this step never returns");
             loop {
                 std::thread::park();
@@ -34,32 +45,10 @@ impl Processor for Stuck {
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init();
-    let mut args = std::env::args().skip(1);
-    let (Some(config), Some(state_dir), Some(listen)) = (args.next(), args.next(), args.next())
-    else {
-        anyhow::bail!("usage: stuck_step <streamapp.yaml> <state-dir> <listen-addr>");
-    };
-    let liveness_timeout = match std::env::var("OXBOW_LIVENESS_TIMEOUT") {
-        Ok(s) => oxbow_crds::duration::parse_duration(&s)?,
-        Err(_) => oxbow_worker::liveness::DEFAULT_TIMEOUT,
-    };
-    let app = oxbow_worker::App::load(config.as_ref(), None)?;
-    let stuck: oxbow_worker::ProcessorFactory =
-        std::sync::Arc::new(|_task: TaskId| Box::new(Stuck) as Box<dyn Processor>);
-    let opts = oxbow_worker::RunOptions {
-        state_dir: state_dir.into(),
-        instance: 0,
-        instances: 1,
-        memory_budget: 64 << 20,
-        instance_from_pod_name: false,
-        peers: Vec::new(),
-        coordination: None,
-        repartition_purge_interval: oxbow_worker::engine::DEFAULT_PURGE_INTERVAL,
-        liveness_timeout,
-    };
-    oxbow_worker::run_with(app, vec![stuck], opts, Some(listen.parse()?))
+fn main() -> std::process::ExitCode {
+    let pod = std::env::var("POD_NAME").ok();
+    let stuck: oxbow_worker::ProcessorFactory = std::sync::Arc::new(move |_task: TaskId| {
+        Box::new(Stuck { pod: pod.clone() }) as Box<dyn Processor>
+    });
+    oxbow_worker::cli::main_with(vec![stuck])
 }

@@ -11,6 +11,7 @@
 //! [`run`] is what the binary calls; a custom worker calls [`run_with`] with its own
 //! processors appended to the built-in steps.
 
+pub mod cli;
 pub mod config;
 pub mod coord;
 pub mod decode;

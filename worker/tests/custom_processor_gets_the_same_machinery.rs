@@ -159,8 +159,12 @@ fn a_step_that_never_returns_fails_healthz_while_an_idle_worker_passes_it() {
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let log = dir.join("stuck.log");
     let mut child = Command::new(example("stuck_step"))
+        .arg("run")
+        .arg("--config")
         .arg(&manifest)
+        .arg("--state-dir")
         .arg(dir.join("state"))
+        .arg("--listen")
         .arg(addr.to_string())
         .env("OXBOW_LIVENESS_TIMEOUT", "3s")
         .stdout(Stdio::null())
