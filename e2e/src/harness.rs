@@ -673,6 +673,22 @@ spec:
         .await;
     }
 
+    /// Waits for `Stalled=True` with `reason` (90 s at most); returns its message.
+    pub async fn wait_stalled(api: &Api<StreamApp>, name: &str, reason: &str) -> String {
+        super::wait_for(
+            &format!("{name} to stall with {reason}"),
+            Duration::from_secs(90),
+            || async {
+                let app = api.get(name).await.map_err(|e| e.to_string())?;
+                match condition(&app, "Stalled") {
+                    Some((s, r, m)) if s == "True" && r == reason => Ok(m),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await
+    }
+
     /// Waits until condition `type_` has `status` (and the status reflects the current
     /// generation); returns the StreamApp.
     pub async fn wait_condition(

@@ -396,8 +396,8 @@ pub async fn wait_exactly_once(sink: &str, keys: &[String], want: u64) {
     .await;
 }
 
-/// The uid of pod `pod` (empty while it does not exist): a recreated pod has a new one.
-pub fn pod_uid(ns: &str, pod: &str) -> String {
+/// A field of pod `pod` by kubectl JSONPath (empty while the pod does not exist).
+pub fn pod_field(ns: &str, pod: &str, jsonpath: &str) -> String {
     kubectl(
         &[
             "get",
@@ -406,9 +406,14 @@ pub fn pod_uid(ns: &str, pod: &str) -> String {
             ns,
             pod,
             "-o",
-            "jsonpath={.metadata.uid}",
+            &format!("jsonpath={jsonpath}"),
         ],
         None,
     )
     .1
+}
+
+/// The uid of pod `pod` (empty while it does not exist): a recreated pod has a new one.
+pub fn pod_uid(ns: &str, pod: &str) -> String {
+    pod_field(ns, pod, "{.metadata.uid}")
 }

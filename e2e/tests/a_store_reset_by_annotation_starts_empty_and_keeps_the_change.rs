@@ -32,18 +32,7 @@ async fn a_store_reset_by_annotation_starts_empty_and_keeps_the_change() {
     assert_ne!(wider, run.app.manifest(), "the manifest gained a field");
     let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&wider));
     assert!(ok, "apply: {err}");
-    let msg = wait_for(
-        "the new field to be refused with IncompatibleStateChange",
-        Duration::from_secs(60),
-        || async {
-            let app = api.get(&name).await.map_err(|e| e.to_string())?;
-            match apps::condition(&app, "Stalled") {
-                Some((s, r, m)) if s == "True" && r == "IncompatibleStateChange" => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    let msg = apps::wait_stalled(api, &name, "IncompatibleStateChange").await;
     assert!(
         msg.contains("oxbow.dev/reset=totals"),
         "the message gives the reset command: {msg}"

@@ -15,7 +15,7 @@ use oxbow_e2e::harness::{
     requires_local_stack, unique, wait_for,
 };
 use oxbow_e2e::streams::{
-    CountingApp, exact_running_counts, http_get, keys, produce, read_committed,
+    CountingApp, exact_running_counts, http_get, keys, pod_field, produce, read_committed,
 };
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -45,22 +45,10 @@ async fn a_partition_of(api: &Api<StreamApp>, name: &str, pod: &str) -> i32 {
 }
 
 fn restart_count(ns: &str, pod: &str) -> i64 {
-    kubectl(
-        &[
-            "get",
-            "pod",
-            "-n",
-            ns,
-            pod,
-            "-o",
-            "jsonpath={.status.containerStatuses[0].restartCount}",
-        ],
-        None,
-    )
-    .1
-    .trim()
-    .parse()
-    .unwrap_or(0)
+    pod_field(ns, pod, "{.status.containerStatuses[0].restartCount}")
+        .trim()
+        .parse()
+        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -142,11 +130,7 @@ async fn a_wedged_worker_pod_is_failed_over_and_restarted_by_its_liveness_probe(
             if now > restarts_before {
                 Ok(())
             } else {
-                let ip = kubectl(
-                    &["get", "pod", "-n", &n, &pod0, "-o", "jsonpath={.status.podIP}"],
-                    None,
-                )
-                .1;
+                let ip = pod_field(&n, &pod0, "{.status.podIP}");
                 let health = http_get(&format!("{ip}:8080"), "/healthz").await;
                 let me = api
                     .get(&app.name)

@@ -11,23 +11,7 @@ use kube::api::Api;
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
-    wait_for,
 };
-
-async fn stalled(api: &Api<StreamApp>, name: &str, reason: &str) -> String {
-    wait_for(
-        &format!("{name} Stalled with reason {reason}"),
-        Duration::from_secs(60),
-        || async {
-            let app = api.get(name).await.map_err(|e| e.to_string())?;
-            match apps::condition(&app, "Stalled") {
-                Some((s, r, m)) if s == "True" && r == reason => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await
-}
 
 /// The config hash on the workers' pod template: it changes with every rollout.
 async fn rolled_out_hash(sts: &Api<StatefulSet>, name: &str) -> Option<String> {
@@ -75,7 +59,7 @@ async fn a_change_that_would_misread_a_store_stalls_and_a_compatible_one_rolls_o
         "fields: {count: {count: {}}}",
         "fields: {amount: {sum: value.amount}, count: {count: {}}}",
     ));
-    let msg = stalled(&api, &name, "IncompatibleStateChange").await;
+    let msg = apps::wait_stalled(&api, &name, "IncompatibleStateChange").await;
     assert!(
         msg.contains("\"per-user\"") && msg.contains("new store name"),
         "names the store and the way out: {msg}"

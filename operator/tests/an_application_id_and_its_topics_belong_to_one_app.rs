@@ -19,22 +19,6 @@ fn apply(ns: &str, manifest: &str) {
     assert!(ok, "apply in {ns}: {err}");
 }
 
-/// Waits for `Stalled=True` with `reason` and returns its message.
-async fn stalled(api: &Api<StreamApp>, name: &str, reason: &str) -> String {
-    wait_for(
-        &format!("{name} to stall with {reason}"),
-        Duration::from_secs(90),
-        || async {
-            let app = api.get(name).await.map_err(|e| e.to_string())?;
-            match apps::condition(&app, "Stalled") {
-                Some((s, r, m)) if s == "True" && r == reason => Ok(m),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await
-}
-
 async fn no_workload(client: &kube::Client, ns: &str, name: &str) {
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     assert!(
@@ -128,7 +112,7 @@ async fn a_second_app_with_a_taken_id_stalls_and_its_deletion_leaves_the_owner_a
         ),
     );
     let api_b: Api<StreamApp> = Api::namespaced(client.clone(), &b.name);
-    let msg = stalled(&api_b, &intruder, "ApplicationIdConflict").await;
+    let msg = apps::wait_stalled(&api_b, &intruder, "ApplicationIdConflict").await;
     assert!(
         msg.contains(&format!("{}/{owner}", a.name)),
         "the message names the owner: {msg}"
@@ -158,7 +142,7 @@ async fn a_second_app_with_a_taken_id_stalls_and_its_deletion_leaves_the_owner_a
         &apps::manifest(&heir, &[&source], &format!("  applicationId: {id}\n")),
     );
     // The owner retained its topics, recorded as its own: the heir may not take them.
-    let msg = stalled(&api_b, &heir, "TopicNotOwned").await;
+    let msg = apps::wait_stalled(&api_b, &heir, "TopicNotOwned").await;
     assert!(
         msg.contains(&changelogs[0]) && msg.contains(&format!("{}/{owner}", a.name)),
         "names the topic and whose it is: {msg}"
@@ -187,7 +171,7 @@ async fn an_existing_topic_is_adopted_only_when_the_app_says_so() {
 
     let extra = "  driftPolicy: Enforce\n";
     apply(n, &apps::manifest(&name, &[&source], extra));
-    let msg = stalled(&api, &name, "TopicNotOwned").await;
+    let msg = apps::wait_stalled(&api, &name, "TopicNotOwned").await;
     assert!(
         msg.contains(&changelog) && msg.contains("adoptExistingTopics"),
         "says which topic and how to adopt it: {msg}"
@@ -244,7 +228,7 @@ async fn an_existing_topic_is_adopted_only_when_the_app_says_so() {
             apps::manifest(&other, &[&source], "")
         ),
     );
-    let msg = stalled(&api, &other, "ApplicationIdChanged").await;
+    let msg = apps::wait_stalled(&api, &other, "ApplicationIdChanged").await;
     assert!(
         msg.contains(&format!("{n}.{other}")),
         "names the id in force: {msg}"

@@ -16,6 +16,10 @@ use rocksdb::{
 };
 
 const META: &str = "oxbow.meta";
+/// A file in a task directory saying RocksDB found it corrupted after it opened (a
+/// failed block checksum on a read or a compaction): the next open moves the directory
+/// aside (`engine::quarantine`) instead of failing on the same block again.
+pub const CORRUPTION_MARK: &str = "OXBOW-CORRUPTED";
 /// The key in `oxbow.meta` of the directory's [`Identity`].
 const IDENTITY: &str = "identity";
 
@@ -179,8 +183,30 @@ impl TaskDb {
         StoreError::Read {
             task: self.task,
             store: store.0.clone(),
-            source,
+            source: self.noted(source),
         }
+    }
+
+    fn write_error(&self, source: rocksdb::Error) -> StoreError {
+        StoreError::Write {
+            task: self.task,
+            source: self.noted(source),
+        }
+    }
+
+    /// Marks the directory ([`CORRUPTION_MARK`]) when `source` reports corruption.
+    fn noted(&self, source: rocksdb::Error) -> rocksdb::Error {
+        if source.kind() == rocksdb::ErrorKind::Corruption {
+            let marked = std::fs::write(self.path.join(CORRUPTION_MARK), source.to_string());
+            tracing::error!(task = %self.task, error = %source, marked = marked.is_ok(), "RocksDB found this task's state corrupted: the directory is moved aside and rebuilt from the changelog when the task next opens");
+        }
+        source
+    }
+
+    /// Whether RocksDB found the directory at `dir` corrupted after it last opened, and
+    /// what it said.
+    pub fn corruption_noted(dir: &Path) -> Option<String> {
+        std::fs::read_to_string(dir.join(CORRUPTION_MARK)).ok()
     }
 
     pub fn stores(&self) -> &[StoreName] {
@@ -242,7 +268,7 @@ impl TaskDb {
             .map_err(|source| StoreError::Read {
                 task: self.task,
                 store: META.into(),
-                source,
+                source: self.noted(source),
             })?;
         Ok(raw.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
     }
@@ -252,10 +278,7 @@ impl TaskDb {
         let v = serde_json::to_vec(identity).unwrap_or_default();
         self.db
             .put_cf(self.meta()?, IDENTITY, v)
-            .map_err(|source| StoreError::Write {
-                task: self.task,
-                source,
-            })
+            .map_err(|source| self.write_error(source))
     }
 
     pub fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
@@ -265,7 +288,7 @@ impl TaskDb {
             let (k, v) = item.map_err(|source| StoreError::Read {
                 task: self.task,
                 store: META.into(),
-                source,
+                source: self.noted(source),
             })?;
             let (Ok(k), Ok(v)) = (std::str::from_utf8(&k), <[u8; 8]>::try_from(&v[..])) else {
                 continue;
@@ -309,10 +332,7 @@ impl TaskDb {
         wo.set_sync(false);
         self.db
             .write_opt(batch, &wo)
-            .map_err(|source| StoreError::Write {
-                task: self.task,
-                source,
-            })
+            .map_err(|source| self.write_error(source))
     }
 
     /// Empties a store (its local copy cannot be trusted) and forgets its checkpoint.
@@ -321,10 +341,7 @@ impl TaskDb {
     /// shared with query readers (`Arc<TaskDb>`), and a wipe is rare (a recreated
     /// changelog topic), so its cost does not matter.
     pub fn wipe(&self, store: &StoreName) -> Result<(), StoreError> {
-        let write = |source| StoreError::Write {
-            task: self.task,
-            source,
-        };
+        let write = |source| self.write_error(source);
         let cf = self.cf(store)?;
         let mut batch = WriteBatch::default();
         for item in self.db.iterator_cf(cf, rocksdb::IteratorMode::Start) {

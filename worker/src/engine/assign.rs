@@ -231,16 +231,21 @@ impl Engine {
                 .filter(|(s, _)| stores.iter().any(|t| t.0 == *s))
                 .collect(),
         };
-        let unusable = match self.open_dir(id, &dir)? {
-            Ok(db) => match quarantine::judge(db.identity()?, &expected) {
-                quarantine::Verdict::Use => return Ok(Arc::new(db)),
-                quarantine::Verdict::Stamp => {
-                    db.stamp(&expected)?;
-                    return Ok(Arc::new(db));
-                }
-                quarantine::Verdict::MoveAside(why) => why,
+        // Found corrupted while it ran: reading it again would fail on the same block.
+        let noted = TaskDb::corruption_noted(&dir).map(quarantine::Unusable::Corrupted);
+        let unusable = match noted {
+            Some(why) => why,
+            None => match self.open_dir(id, &dir)? {
+                Ok(db) => match quarantine::judge(db.identity()?, &expected) {
+                    quarantine::Verdict::Use => return Ok(Arc::new(db)),
+                    quarantine::Verdict::Stamp => {
+                        db.stamp(&expected)?;
+                        return Ok(Arc::new(db));
+                    }
+                    quarantine::Verdict::MoveAside(why) => why,
+                },
+                Err(why) => why,
             },
-            Err(why) => why,
         };
         self.move_aside(id, &dir, &unusable, &expected)?;
         let db = self.open_dir(id, &dir)?.map_err(|why| {

@@ -17,6 +17,8 @@ use crate::store::Identity;
 pub enum Unusable {
     /// RocksDB refused to open it (corruption, checksum, missing files).
     Unreadable(String),
+    /// RocksDB opened it but later found it corrupted (`store::CORRUPTION_MARK`).
+    Corrupted(String),
     /// Its identity names another app, task or partition count.
     Foreign { found: Identity },
     /// Its identity record is there but is not one.
@@ -30,6 +32,7 @@ impl Unusable {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Unreadable(_) => "unreadable",
+            Self::Corrupted(_) => "corrupted",
             Self::Foreign { .. } => "foreign",
             Self::BadIdentity(_) => "bad_identity",
             Self::LayoutChanged { .. } => "layout_changed",
@@ -39,6 +42,7 @@ impl Unusable {
     pub fn describe(&self, expected: &Identity) -> String {
         match self {
             Self::Unreadable(e) => format!("RocksDB cannot open it: {e}"),
+            Self::Corrupted(e) => format!("RocksDB found it corrupted while the task ran: {e}"),
             Self::Foreign { found } => format!(
                 "it holds the state of application {:?} task {} with {} partitions, not {:?} task {} with {}",
                 found.application_id,
