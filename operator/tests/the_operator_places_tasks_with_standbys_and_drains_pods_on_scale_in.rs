@@ -503,14 +503,22 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
     ns.delete().await;
 }
 
-/// Issue 16, item 4: placement does not need Kafka. With the app's Kafka Secret gone the
-/// operator cannot read the source metadata, yet a scale-in still drains the leaving
-/// pod, on the task count the published assignment already holds.
-#[tokio::test]
-async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka() {
+/// An app whose Kafka Secret is gone, so the operator cannot read the source metadata,
+/// after it ran Ready at 3 replicas with one standby per task: its workers are played
+/// by the test (`pods`).
+struct WithoutKafka {
+    ns: TestNamespace,
+    _operator: OperatorProcess,
+    api: Api<StreamApp>,
+    cms: Api<ConfigMap>,
+    name: String,
+    pods: Vec<String>,
+}
+
+async fn without_kafka(prefix: &str, operator_args: &[&str]) -> WithoutKafka {
     install_crd();
     let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "nokafka").await;
+    let ns = TestNamespace::create(&client, prefix).await;
     let n = ns.name.as_str();
     let source = unique("events");
     kafka::create_topic(&source, PARTITIONS as i32).await;
@@ -528,7 +536,7 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
         None,
     );
     assert!(ok, "create secret: {err}");
-    let _operator = OperatorProcess::start(n);
+    let operator = OperatorProcess::start_with(n, operator_args);
     let name = unique("placed");
     let manifest = apps::manifest(&name, &[&source], "  standbyReplicas: 1\n")
         .replace("  replicas: 2\n", "  replicas: 3\n")
@@ -557,7 +565,23 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
         },
     )
     .await;
+    WithoutKafka {
+        ns,
+        _operator: operator,
+        api,
+        cms,
+        name,
+        pods,
+    }
+}
 
+/// Issue 16, item 4: placement does not need Kafka. With the app's Kafka Secret gone the
+/// operator cannot read the source metadata, yet a scale-in still drains the leaving
+/// pod, on the task count the published assignment already holds.
+#[tokio::test]
+async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka() {
+    let w = without_kafka("nokafka", &[]).await;
+    let (n, api, cms, name, pods) = (w.ns.name.as_str(), &w.api, &w.cms, &w.name, &w.pods);
     let (ok, _, err) = kubectl(
         &[
             "scale",
@@ -575,7 +599,7 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     let mut reported = None;
     loop {
-        let a = assignment(&cms, &name).await.expect("assignment");
+        let a = assignment(cms, name).await.expect("assignment");
         if actives_of(&a, &leaving).is_empty() && standbys_of(&a, &leaving).is_empty() {
             assert_eq!(
                 a.tasks.len(),
@@ -585,8 +609,8 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
             break;
         }
         if reported != Some(a.generation) {
-            for p in &pods {
-                report(&api, &name, p, entry(p, &a, 0, json!({}))).await;
+            for p in pods {
+                report(api, name, p, entry(p, &a, 0, json!({}))).await;
             }
             reported = Some(a.generation);
         }
@@ -598,6 +622,50 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    apps::delete_all(&api).await;
-    ns.delete().await;
+    apps::delete_all(api).await;
+    w.ns.delete().await;
+}
+
+/// Issue 16, item 4: without Kafka the operator still fails tasks over. A pod that stops
+/// reporting (dead, or wedged while its readiness passes) loses its actives to their
+/// standbys within the failover timeout, on the task count the assignment holds.
+#[tokio::test]
+async fn a_silent_pods_tasks_fail_over_while_the_operator_cannot_read_kafka() {
+    let w = without_kafka("nokafka-fo", &["--failover-timeout", "5s"]).await;
+    let (api, cms, name) = (&w.api, &w.cms, &w.name);
+    let silent = w.pods[2].clone();
+    let before = assignment(cms, name).await.expect("assignment");
+    assert!(
+        !actives_of(&before, &silent).is_empty(),
+        "{silent} runs tasks before it goes silent: {before:?}"
+    );
+    // Only pods 0 and 1 keep reporting, every second as workers do.
+    let start = std::time::Instant::now();
+    let mut reported = start;
+    loop {
+        let a = assignment(cms, name).await.expect("assignment");
+        if actives_of(&a, &silent).is_empty() {
+            assert_eq!(
+                a.tasks.len(),
+                TASKS as usize,
+                "every task still placed: {a:?}"
+            );
+            break;
+        }
+        if reported.elapsed() >= Duration::from_secs(1) {
+            for p in &w.pods[..2] {
+                report(api, name, p, entry(p, &a, 0, json!({}))).await;
+            }
+            reported = std::time::Instant::now();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "45 s after {silent} went silent without Kafka, it still holds {:?} (generation {})",
+            actives_of(&a, &silent),
+            a.generation
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    apps::delete_all(api).await;
+    w.ns.delete().await;
 }
