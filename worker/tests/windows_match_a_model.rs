@@ -8,6 +8,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::json;
 use support::*;
@@ -264,4 +265,134 @@ spec:
         largest < 256,
         "no stored value holds more than one window: the largest is {largest} bytes"
     );
+}
+
+/// Rewrites task 0_0's store `w` in the layout from before window rows: every window of
+/// a key in its `k` value, a due index entry per key, `m:due-index`; keeps the
+/// checkpoint.
+fn rewrite_as_one_value_per_key(state: &std::path::Path) {
+    use oxbow_worker::steps::{AggState, WindowAgg, keys};
+    let app_dir = std::fs::read_dir(state)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the app's state directory");
+    let task = oxbow_crds::TaskId::new(0, 0);
+    let store = oxbow_crds::StoreName("w".into());
+    let memory = oxbow_worker::store::SharedMemory::new(16 << 20);
+    let db = oxbow_worker::store::TaskDb::open(
+        &app_dir.join(task.to_string()),
+        task,
+        std::slice::from_ref(&store),
+        &memory,
+    )
+    .unwrap();
+    let mut groups: BTreeMap<String, AggState> = BTreeMap::new();
+    let mut writes = Vec::new();
+    db.scan(&store, &mut |k, v| {
+        if let Some((g, _, _)) = keys::split_window_key(k) {
+            let w: WindowAgg = serde_json::from_slice(v).unwrap();
+            groups
+                .entry(String::from_utf8_lossy(g).into_owned())
+                .or_default()
+                .windows
+                .push(w);
+        }
+        if k.starts_with(keys::WINDOW_PREFIX)
+            || k.starts_with(keys::WINDOW_DUE_PREFIX)
+            || k == keys::WINDOW_ROWS_MARK
+        {
+            writes.push(((store.clone(), k.to_vec()), None));
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert!(!groups.is_empty(), "the store held windows");
+    for (g, s) in &groups {
+        let first_end = s.windows.iter().map(|w| w.end).min().unwrap();
+        writes.push((
+            (store.clone(), keys::aggregate_key(g)),
+            Some(serde_json::to_vec(s).unwrap()),
+        ));
+        writes.push((
+            (store.clone(), keys::due_key(first_end, g)),
+            Some(Vec::new()),
+        ));
+    }
+    writes.push((
+        (store.clone(), keys::DUE_INDEX_MARK.to_vec()),
+        Some(Vec::new()),
+    ));
+    let c = db.checkpoint().unwrap();
+    db.commit(&writes, &c.changelog, &c.source).unwrap();
+}
+
+#[test]
+fn a_store_with_every_window_of_a_key_in_one_value_is_converted_to_rows_at_start() {
+    let app = unique("convert");
+    let input = format!("{app}-in");
+    create_topic(&input, 1);
+    create_topic(&format!("{app}-out"), 1);
+    let base = events()[0].1;
+    produce(
+        &input,
+        (0..120i64).map(|i| {
+            let k = format!("u{}", i % 3);
+            Input::json(&k, json!({"k": k, "ts": base + i * 1000, "amount": i}))
+        }),
+    );
+    let manifest = format!(
+        r#"
+apiVersion: oxbow.dev/v1alpha1
+kind: StreamApp
+metadata: {{name: {app}}}
+spec:
+  kafka: {{bootstrapServers: "{bootstrap}"}}
+  source: {{topics: [{input}], timestamp: value.ts}}
+  steps:
+  - aggregate:
+      store: w
+      groupBy: key
+      window: {{tumbling: 2s, retention: 1h}}
+      fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
+  sink: {{topic: {app}-out}}
+"#,
+        bootstrap = bootstrap()
+    );
+    let dir = scratch_dir(&app);
+    let state = dir.join("state");
+    let builder = WorkerBuilder::new(manifest, &state);
+    builder.process_all(&input);
+    let cfg = dir.join("app-0.yaml");
+    let before = digests(&cfg, &state);
+    let rows_before = stored_entries(&state)
+        .iter()
+        .filter(|(k, _)| k.starts_with(b"w"))
+        .count();
+
+    rewrite_as_one_value_per_key(&state);
+    assert!(
+        stored_entries(&state)
+            .iter()
+            .any(|(k, _)| k.starts_with(b"k")),
+        "the store is in the old layout"
+    );
+    let mut w = builder.spawn();
+    w.wait_ready(Duration::from_secs(90));
+    w.stop();
+
+    let entries = stored_entries(&state);
+    assert_eq!(
+        entries.iter().filter(|(k, _)| k.starts_with(b"w")).count(),
+        rows_before,
+        "every window is a row again"
+    );
+    assert!(
+        !entries
+            .iter()
+            .any(|(k, _)| k.starts_with(b"k") || k.starts_with(b"d")),
+        "no value or index of the old layout is left"
+    );
+    assert_eq!(digests(&cfg, &state), before, "the same state as before");
 }
