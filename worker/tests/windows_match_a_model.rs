@@ -95,17 +95,21 @@ fn model(
         .collect()
 }
 
-fn run(name: &str, window_yaml: &str) -> BTreeMap<Key, Agg> {
-    let app = unique(name);
+/// A one-partition app `<prefix>-…` whose input holds `records` and whose single step
+/// is an aggregate on store `w` (`n` counts, `total` sums `value.amount`), event time
+/// `value.ts`: its name, input topic and manifest.
+fn window_app(
+    prefix: &str,
+    records: impl IntoIterator<Item = Input>,
+    group_by: &str,
+    window_yaml: &str,
+    emit: &str,
+) -> (String, String, String) {
+    let app = unique(prefix);
     let input = format!("{app}-in");
     create_topic(&input, 1);
     create_topic(&format!("{app}-out"), 1);
-    produce(
-        &input,
-        events()
-            .into_iter()
-            .map(|(k, ts, amount)| Input::json(&k, json!({"k": k, "ts": ts, "amount": amount}))),
-    );
+    produce(&input, records);
     let manifest = format!(
         r#"
 apiVersion: oxbow.dev/v1alpha1
@@ -117,13 +121,26 @@ spec:
   steps:
   - aggregate:
       store: w
-      groupBy: value.k
+      groupBy: {group_by}
       window: {window_yaml}
-      emit: onWindowClose
+      emit: {emit}
       fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
   sink: {{topic: {app}-out}}
 "#,
         bootstrap = bootstrap()
+    );
+    (app, input, manifest)
+}
+
+fn run(name: &str, window_yaml: &str) -> BTreeMap<Key, Agg> {
+    let (app, input, manifest) = window_app(
+        name,
+        events()
+            .into_iter()
+            .map(|(k, ts, amount)| Input::json(&k, json!({"k": k, "ts": ts, "amount": amount}))),
+        "value.k",
+        window_yaml,
+        "onWindowClose",
     );
     let dir = scratch_dir(&app);
     WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
@@ -189,8 +206,8 @@ fn session_windows_with_grace_match_the_model() {
     assert_eq!(run("session", "{session: {gap: 2500ms}, grace: 5s}"), want);
 }
 
-/// Every entry of the app's single task's store `w`: (key, value) bytes.
-fn stored_entries(state: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+/// Task 0_0's state and its store `w`, the worker stopped.
+fn open_store(state: &std::path::Path) -> (oxbow_worker::store::TaskDb, oxbow_crds::StoreName) {
     let app_dir = std::fs::read_dir(state)
         .unwrap()
         .filter_map(Result::ok)
@@ -207,6 +224,12 @@ fn stored_entries(state: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
         &memory,
     )
     .unwrap();
+    (db, store)
+}
+
+/// Every entry of the app's single task's store `w`: (key, value) bytes.
+fn stored_entries(state: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let (db, store) = open_store(state);
     let mut out = Vec::new();
     db.scan(&store, &mut |k, v| {
         out.push((k.to_vec(), v.to_vec()));
@@ -218,34 +241,15 @@ fn stored_entries(state: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[test]
 fn a_keys_windows_are_stored_one_row_each_so_no_stored_value_grows_with_them() {
-    let app = unique("rows");
-    let input = format!("{app}-in");
-    create_topic(&input, 1);
-    create_topic(&format!("{app}-out"), 1);
     // One key, 300 one-second windows, all kept for an hour.
     let base = events()[0].1;
-    produce(
-        &input,
+    let (app, input, manifest) = window_app(
+        "rows",
         (0..300i64)
             .map(|i| Input::json("k", json!({"k": "k", "ts": base + i * 1000, "amount": 1}))),
-    );
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  source: {{topics: [{input}], timestamp: value.ts}}
-  steps:
-  - aggregate:
-      store: w
-      groupBy: key
-      window: {{tumbling: 1s, retention: 1h}}
-      fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
-  sink: {{topic: {app}-out}}
-"#,
-        bootstrap = bootstrap()
+        "key",
+        "{tumbling: 1s, retention: 1h}",
+        "onUpdate",
     );
     let dir = scratch_dir(&app);
     WorkerBuilder::new(manifest, &dir.join("state")).process_all(&input);
@@ -272,22 +276,7 @@ spec:
 /// checkpoint.
 fn rewrite_as_one_value_per_key(state: &std::path::Path) {
     use oxbow_worker::steps::{AggState, WindowAgg, keys};
-    let app_dir = std::fs::read_dir(state)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
-        .expect("the app's state directory");
-    let task = oxbow_crds::TaskId::new(0, 0);
-    let store = oxbow_crds::StoreName("w".into());
-    let memory = oxbow_worker::store::SharedMemory::new(16 << 20);
-    let db = oxbow_worker::store::TaskDb::open(
-        &app_dir.join(task.to_string()),
-        task,
-        std::slice::from_ref(&store),
-        &memory,
-    )
-    .unwrap();
+    let (db, store) = open_store(state);
     let mut groups: BTreeMap<String, AggState> = BTreeMap::new();
     let mut writes = Vec::new();
     db.scan(&store, &mut |k, v| {
@@ -330,35 +319,16 @@ fn rewrite_as_one_value_per_key(state: &std::path::Path) {
 
 #[test]
 fn a_store_with_every_window_of_a_key_in_one_value_is_converted_to_rows_at_start() {
-    let app = unique("convert");
-    let input = format!("{app}-in");
-    create_topic(&input, 1);
-    create_topic(&format!("{app}-out"), 1);
     let base = events()[0].1;
-    produce(
-        &input,
+    let (app, input, manifest) = window_app(
+        "convert",
         (0..120i64).map(|i| {
             let k = format!("u{}", i % 3);
             Input::json(&k, json!({"k": k, "ts": base + i * 1000, "amount": i}))
         }),
-    );
-    let manifest = format!(
-        r#"
-apiVersion: oxbow.dev/v1alpha1
-kind: StreamApp
-metadata: {{name: {app}}}
-spec:
-  kafka: {{bootstrapServers: "{bootstrap}"}}
-  source: {{topics: [{input}], timestamp: value.ts}}
-  steps:
-  - aggregate:
-      store: w
-      groupBy: key
-      window: {{tumbling: 2s, retention: 1h}}
-      fields: {{n: {{count: {{}}}}, total: {{sum: value.amount}}}}
-  sink: {{topic: {app}-out}}
-"#,
-        bootstrap = bootstrap()
+        "key",
+        "{tumbling: 2s, retention: 1h}",
+        "onUpdate",
     );
     let dir = scratch_dir(&app);
     let state = dir.join("state");
