@@ -260,7 +260,7 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(manifest_dir()).join("..")
 }
 
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| cache_dir().join("target"))

@@ -1,3 +1,4 @@
 pub mod harness;
 pub mod node;
 pub mod streams;
+pub mod workers;

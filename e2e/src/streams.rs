@@ -417,3 +417,41 @@ pub fn pod_field(ns: &str, pod: &str, jsonpath: &str) -> String {
 pub fn pod_uid(ns: &str, pod: &str) -> String {
     pod_field(ns, pod, "{.metadata.uid}")
 }
+
+/// The changelog value of `CountingApp`'s store for one group: an unwindowed aggregate
+/// with the fields `count` and `sum`, as the worker stores it.
+pub fn counting_state(count: i64, sum: i64) -> String {
+    format!(
+        r#"{{"windows":[{{"start":0,"end":0,"emitted":false,"acc":[{{"k":"count","n":{count}}},{{"k":"sum","int":{sum},"float":0.0,"is_float":false}}]}}]}}"#
+    )
+}
+
+/// Writes `(partition, key, value)` records straight into `topic` (for example state
+/// into a changelog, so a restore is long without the worker having processed it).
+pub fn preload(topic: &str, records: impl Iterator<Item = (i32, String, String)>) {
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("linger.ms", "50")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create()
+        .expect("producer");
+    for (partition, key, value) in records {
+        let mut rec = BaseRecord::to(topic)
+            .partition(partition)
+            .key(key.as_str())
+            .payload(value.as_str());
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    p.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    p.flush(Duration::from_secs(120))
+        .expect("flush the preload");
+}

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use oxbow_crds::{Phase, RestorationStatus, StoreName, StreamApp, names::changelog_topic};
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap, kube_client,
-    kubectl, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
+    wait_for,
 };
-use oxbow_e2e::streams::{CountingApp, http_get, http_get_retry_after, produce, read_committed};
-use rdkafka::ClientConfig;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use oxbow_e2e::streams::{
+    CountingApp, counting_state, http_get, http_get_retry_after, preload, produce, read_committed,
+};
 
 /// Tasks (source partitions): the pod restores all of them, one after the other.
 const TASKS: i32 = 4;
@@ -71,41 +71,21 @@ fn partition_of(key: &str) -> i32 {
     ((murmur2(key.as_bytes()) & 0x7fff_ffff) % TASKS as u32) as i32
 }
 
-/// Writes the aggregate state of every key straight into the changelog: key
-/// `k<group>`, value the JSON `AggState` of an unwindowed aggregate with the fields
-/// `count` and `sum`, in the partition (task) of the group key.
+/// Writes the aggregate state of every key straight into the changelog, in the
+/// partition (task) of its group key.
 fn preload_changelog(topic: &str) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("linger.ms", "50")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", "1048576")
-        .create()
-        .expect("producer");
-    for i in 0..KEYS {
-        let g = group(i);
-        let (count, sum) = preloaded(i);
-        let key = format!("k{g}");
-        let value = format!(
-            r#"{{"windows":[{{"start":0,"end":0,"emitted":false,"acc":[{{"k":"count","n":{count}}},{{"k":"sum","int":{sum},"float":0.0,"is_float":false}}]}}]}}"#
-        );
-        let mut rec = BaseRecord::to(topic)
-            .partition(partition_of(&g))
-            .key(key.as_str())
-            .payload(value.as_str());
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    rec = r;
-                    p.poll(Duration::from_millis(5));
-                }
-            }
-        }
-    }
-    p.flush(Duration::from_secs(120))
-        .expect("flush the changelog");
+    preload(
+        topic,
+        (0..KEYS).map(|i| {
+            let g = group(i);
+            let (count, sum) = preloaded(i);
+            (
+                partition_of(&g),
+                format!("k{g}"),
+                counting_state(count, sum),
+            )
+        }),
+    );
 }
 
 /// One look at the app while it scales up and restores.

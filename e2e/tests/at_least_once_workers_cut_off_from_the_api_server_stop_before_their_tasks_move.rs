@@ -13,19 +13,19 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
-use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY, PreviousActive, TaskPlacement};
+use kube::api::Api;
+use oxbow_crds::assignment::{Assignment, PreviousActive, TaskPlacement};
 use oxbow_crds::{StreamApp, TaskId};
 use oxbow_e2e::harness::{
     TestNamespace, install_crd, kafka_bootstrap, kube_client, kubectl, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{produce, read_committed};
+use oxbow_e2e::workers::{WorkerProc, publish};
 
 /// A TCP proxy to the API server that the test can cut: it refuses new connections and
 /// shuts the open ones, as a network partition would.
@@ -111,107 +111,6 @@ fn api_server_address() -> String {
     server.trim_start_matches("https://").to_string()
 }
 
-fn worker_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/oxbow/target")
-        });
-    let bin = target.join("release/oxbow-worker");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `make build`",
-        bin.display()
-    );
-    bin
-}
-
-struct WorkerProc {
-    child: Child,
-    log: PathBuf,
-    addr: String,
-}
-
-impl WorkerProc {
-    fn start(ns: &str, app: &str, pod: &str, config: &Path, dir: &Path, kubeconfig: &Path) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = dir.join(format!("{pod}.log"));
-        let child = Command::new(worker_bin())
-            .args(["run", "--config"])
-            .arg(config)
-            .arg("--state-dir")
-            .arg(dir.join(pod))
-            .args(["--listen", &addr, "--memory-mib", "64"])
-            .args(["--assignment-configmap", &format!("{app}-assignment")])
-            .env("POD_NAME", pod)
-            .env("POD_NAMESPACE", ns)
-            .env("OXBOW_STREAMAPP", app)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,librdkafka=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Self { child, log, addr }
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Its tasks that `/v1/status` shows running as actives.
-    fn running(&self) -> usize {
-        let Ok(mut s) = TcpStream::connect(&self.addr) else {
-            return 0;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = write!(
-            s,
-            "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        let json = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        serde_json::from_str::<serde_json::Value>(json)
-            .ok()
-            .and_then(|v| {
-                v["tasks"].as_array().map(|ts| {
-                    ts.iter()
-                        .filter(|t| t["role"] == "active" && t["state"] == "Running")
-                        .count()
-                })
-            })
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for WorkerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn publish(cms: &Api<ConfigMap>, app: &str, a: &Assignment) {
-    let cm = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": format!("{app}-assignment")},
-        "data": {CONFIG_MAP_KEY: serde_json::to_string(a).unwrap()},
-    });
-    cms.patch(
-        &format!("{app}-assignment"),
-        &PatchParams::apply("lease-test").force(),
-        &Patch::Apply(&cm),
-    )
-    .await
-    .unwrap();
-}
-
 fn all_to(pod: &str, previous: Option<(&str, i64)>, generation: i64, pods: &[&str]) -> Assignment {
     Assignment {
         generation,
@@ -282,7 +181,11 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
     wait_for(
         "worker A to run both tasks",
         Duration::from_secs(90),
-        || async { (a.running() == 2).then_some(()).ok_or_else(|| a.logs()) },
+        || async {
+            (a.running().len() == 2)
+                .then_some(())
+                .ok_or_else(|| a.logs())
+        },
     )
     .await;
     let apps: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
@@ -331,7 +234,7 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
         if a_exit.is_none() && a.child.try_wait().unwrap().is_some() {
             a_exit = Some(cut_at.elapsed());
         }
-        if b_run.is_none() && b.running() == 2 {
+        if b_run.is_none() && b.running().len() == 2 {
             b_run = Some(cut_at.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

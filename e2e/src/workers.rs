@@ -1,0 +1,131 @@
+//! Worker processes for suites that play the operator: the real `oxbow-worker` binary in
+//! coordinated mode, run on this machine against the stack's API server and Kafka, with
+//! the test writing the assignment ConfigMap. It owns starting, asking and killing those
+//! processes; it must not stand in for anything the worker or the operator decides.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
+
+use crate::harness::target_dir;
+
+/// The release `oxbow-worker` binary (built by `make build`).
+pub fn worker_bin() -> PathBuf {
+    let bin = target_dir().join("release/oxbow-worker");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make build`",
+        bin.display()
+    );
+    bin
+}
+
+/// One `oxbow-worker run` process, playing pod `pod` of StreamApp `app`: its state
+/// directory is `<dir>/<pod>`, its log `<dir>/<pod>.log`.
+pub struct WorkerProc {
+    pub child: Child,
+    pub log: PathBuf,
+    pub addr: String,
+}
+
+impl WorkerProc {
+    pub fn start(
+        ns: &str,
+        app: &str,
+        pod: &str,
+        config: &Path,
+        dir: &Path,
+        kubeconfig: &Path,
+    ) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let addr = format!("127.0.0.1:{port}");
+        let log = dir.join(format!("{pod}.log"));
+        let child = Command::new(worker_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(dir.join(pod))
+            .args(["--listen", &addr, "--memory-mib", "64"])
+            .args(["--assignment-configmap", &format!("{app}-assignment")])
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", ns)
+            .env("OXBOW_STREAMAPP", app)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("worker log file"))
+            .spawn()
+            .expect("start oxbow-worker");
+        Self { child, log, addr }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The worker's `/v1/status` document, if it answers.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        let mut s = TcpStream::connect(&self.addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(
+            s,
+            "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let json = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str(json).ok()
+    }
+
+    /// Its tasks that `/v1/status` shows running as actives.
+    pub fn running(&self) -> Vec<String> {
+        self.status()
+            .and_then(|v| {
+                v["tasks"].as_array().map(|ts| {
+                    ts.iter()
+                        .filter(|t| t["role"] == "active" && t["state"] == "Running")
+                        .map(|t| t["task"].to_string().trim_matches('"').to_string())
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// SIGKILL, as a node would kill a pod's container: nothing is released.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes `a` as app `app`'s assignment ConfigMap, as the operator would.
+pub async fn publish(cms: &Api<ConfigMap>, app: &str, a: &Assignment) {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("{app}-assignment")},
+        "data": {CONFIG_MAP_KEY: serde_json::to_string(a).expect("assignment JSON")},
+    });
+    cms.patch(
+        &format!("{app}-assignment"),
+        &PatchParams::apply("oxbow-e2e-operator").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .expect("publish the assignment");
+}
