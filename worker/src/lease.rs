@@ -22,24 +22,35 @@ pub const LEASE: Duration = Duration::from_secs(10);
 /// What the engine does about the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseVerdict {
-    /// Not renewed yet (the worker is starting: it runs no task before it has read the
-    /// assignment, and its first write renews), or renewed within the lease.
+    /// Renewed within the lease (a worker that has not written yet counts from its
+    /// start: one whose writes never land is as unproven as one whose writes stopped).
     Held,
     /// Not renewed for longer than the lease: stop processing.
     Lapsed { since: Duration },
 }
 
-/// The pure rule: `renewed` is how long ago the last accepted write was sent.
-pub fn judge(renewed: Option<Duration>, lease: Duration) -> LeaseVerdict {
-    match renewed {
-        Some(age) if age > lease => LeaseVerdict::Lapsed { since: age },
-        _ => LeaseVerdict::Held,
+/// The pure rule: `renewed` is how long ago the last accepted write was sent (or the
+/// worker started, if none was accepted yet).
+pub fn judge(renewed: Duration, lease: Duration) -> LeaseVerdict {
+    if renewed > lease {
+        LeaseVerdict::Lapsed { since: renewed }
+    } else {
+        LeaseVerdict::Held
     }
 }
 
-#[derive(Default)]
 pub struct Lease {
+    started: Instant,
     renewed: Mutex<Option<Instant>>,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            renewed: Mutex::default(),
+        }
+    }
 }
 
 impl Lease {
@@ -51,12 +62,13 @@ impl Lease {
     }
 
     pub fn verdict(&self) -> LeaseVerdict {
-        let age = self
+        let since = self
             .renewed
             .lock()
             .ok()
-            .and_then(|r| r.map(|at| at.elapsed()));
-        judge(age, LEASE)
+            .and_then(|r| *r)
+            .unwrap_or(self.started);
+        judge(since.elapsed(), LEASE)
     }
 }
 
@@ -67,17 +79,22 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
-    fn a_worker_that_never_wrote_holds_nothing_to_lose() {
-        assert_eq!(judge(None, LEASE), LeaseVerdict::Held);
+    fn a_worker_whose_writes_never_landed_loses_the_lease_a_lease_after_its_start() {
+        let started = Instant::now()
+            .checked_sub(S(11))
+            .expect("an instant 11 s ago");
+        let l = Lease {
+            started,
+            renewed: Mutex::default(),
+        };
+        assert!(matches!(l.verdict(), LeaseVerdict::Lapsed { since } if since >= S(11)));
+        assert_eq!(Lease::default().verdict(), LeaseVerdict::Held);
     }
 
     #[test]
     fn the_lease_lapses_only_past_its_length() {
-        assert_eq!(judge(Some(S(10)), S(10)), LeaseVerdict::Held);
-        assert_eq!(
-            judge(Some(S(11)), S(10)),
-            LeaseVerdict::Lapsed { since: S(11) }
-        );
+        assert_eq!(judge(S(10), S(10)), LeaseVerdict::Held);
+        assert_eq!(judge(S(11), S(10)), LeaseVerdict::Lapsed { since: S(11) });
     }
 
     #[test]
