@@ -27,9 +27,11 @@ COPY . .
 # librdkafka stay built). Binaries are copied out of the mount in the same step, without
 # their debug info (the release profile's line tables and RocksDB's -g: the worker
 # shrinks from about 560 MB to 40 MB; symbols stay, so backtraces keep function names).
-# Both binaries load libz.so.1 (librdkafka), the worker also libstdc++ (RocksDB): see
-# `ldd`. distroless/cc has libstdc++, libgcc_s and glibc; libz is copied from this stage
-# to its multiarch path, so the image does not depend on whether the base ships it.
+# Both binaries load libz.so.1, libssl.so.3 and libcrypto.so.3 (librdkafka with TLS and
+# SASL), the worker also libstdc++ (RocksDB): see `ldd`. distroless/cc has libstdc++,
+# libgcc_s and glibc; the others are copied from this stage (bookworm's libssl-dev is
+# in the rust image) to their multiarch path, so the image does not depend on whether
+# the base ships them.
 RUN --mount=type=cache,id=oxbow-cargo-registry,target=/usr/local/cargo/registry \
     --mount=type=cache,id=oxbow-cargo-git,target=/usr/local/cargo/git \
     --mount=type=cache,id=oxbow-target,target=/src/target \
@@ -39,7 +41,8 @@ RUN --mount=type=cache,id=oxbow-cargo-registry,target=/usr/local/cargo/registry 
  && strip --strip-debug /out/bin/oxbow-operator /out/bin/oxbow-worker \
  && multiarch="$(gcc -dumpmachine)" \
  && mkdir -p "/out/root/usr/lib/${multiarch}" \
- && cp -L "/usr/lib/${multiarch}/libz.so.1" "/out/root/usr/lib/${multiarch}/libz.so.1"
+ && cp -L "/usr/lib/${multiarch}/libz.so.1" "/usr/lib/${multiarch}/libssl.so.3" \
+          "/usr/lib/${multiarch}/libcrypto.so.3" "/out/root/usr/lib/${multiarch}/"
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 ARG VERSION=0.1.0

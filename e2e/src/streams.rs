@@ -34,6 +34,9 @@ pub struct CountingApp {
     /// A co-partitioned table `rows` on this topic, joined after the count (the output
     /// stays the count's): its store lives in the stage-0 tasks and their standbys.
     pub table: Option<String>,
+    /// Another Kafka listener and the Secret of `spec.kafka.secretRef` (its keys are
+    /// librdkafka properties): (bootstrap servers, Secret name).
+    pub kafka: Option<(String, String)>,
 }
 
 impl CountingApp {
@@ -46,7 +49,13 @@ impl CountingApp {
             guarantee: "exactly_once",
             commit_interval: "200ms",
             table: None,
+            kafka: None,
         }
+    }
+    /// Connects through `bootstrap` with the properties in Secret `secret`.
+    pub fn kafka(mut self, bootstrap: &str, secret: &str) -> Self {
+        self.kafka = Some((bootstrap.into(), secret.into()));
+        self
     }
     pub fn with_table(mut self, topic: &str) -> Self {
         self.table = Some(topic.to_string());
@@ -76,7 +85,7 @@ spec:
   processingGuarantee: {guarantee}
   commitInterval: {interval}
   kafka:
-    bootstrapServers: "{bootstrap}"
+    bootstrapServers: "{bootstrap}"{secret_ref}
   source:
     topics: [{source}]
   steps:
@@ -93,7 +102,15 @@ spec:
             standbys = self.standbys,
             guarantee = self.guarantee,
             interval = self.commit_interval,
-            bootstrap = kafka_bootstrap_in_cluster(),
+            bootstrap = self
+                .kafka
+                .as_ref()
+                .map_or_else(kafka_bootstrap_in_cluster, |k| k.0.clone()),
+            secret_ref = self
+                .kafka
+                .as_ref()
+                .map(|k| format!("\n    secretRef: {{name: {}}}", k.1))
+                .unwrap_or_default(),
             source = self.source,
             table = match &self.table {
                 Some(t) => format!(

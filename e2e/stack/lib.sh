@@ -44,6 +44,10 @@ wait_for() {
 : "${APISERVER_PORT:=16443}"
 : "${KAFKA_PORT:=19092}"
 : "${KAFKA_CONTROLLER_PORT:=19093}"
+# The secured listeners: SASL_SSL (SCRAM-SHA-512/256, PLAIN) and SSL with client
+# certificates required (mutual TLS).
+: "${KAFKA_SASL_SSL_PORT:=19094}"
+: "${KAFKA_MTLS_PORT:=19095}"
 : "${NODE_NAME:=oxbow-node}"
 KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 K8S_BIN="$OXBOW_CACHE/k8s/$K8S_VERSION/bin"
@@ -53,6 +57,9 @@ KAFKA_LIBS="$OXBOW_CACHE/kafka/$KAFKA_VERSION/libs"
 : "${CARGO_TARGET_DIR:=$OXBOW_CACHE/target}"
 export CARGO_TARGET_DIR
 PKI="$STACK_DIR/pki"
+# Kafka's own CA (not the cluster's): a client certificate the cluster's CA signed is
+# one Kafka does not trust.
+KAFKA_PKI="$STACK_DIR/kafka-pki"
 RUN="$STACK_DIR/run"
 LOGS="$STACK_DIR/logs"
 ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"

@@ -12,6 +12,8 @@ command -v go >/dev/null || missing+=(golang-go)
 command -v setsid >/dev/null || missing+=(util-linux)
 command -v curl >/dev/null || missing+=(curl)
 [[ -e /usr/include/zlib.h ]] || missing+=(zlib1g-dev)
+# librdkafka's TLS and SASL (SCRAM needs OpenSSL too).
+[[ -e /usr/include/openssl/ssl.h ]] || missing+=(libssl-dev)
 # bindgen (rocksdb's sys crate) loads libclang at build time.
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
 command -v clang >/dev/null || missing+=(clang)

@@ -11,17 +11,28 @@ bash "$here/build-etcd.sh"
 bash "$here/build-helm.sh"
 bash "$here/fetch-kafka.sh"
 bash "$here/pki.sh"
+bash "$here/kafka-pki.sh"
 mkdir -p "$RUN" "$LOGS"
 
 apiserver_ready() { kubectl_admin get --raw /readyz; }
 kafka_ready() { kafka_java org.apache.kafka.tools.ClusterTool cluster-id --bootstrap-server "$KAFKA_BOOTSTRAP"; }
 
-# --- Kafka: started first because the JVM takes longest; waited for last.
+# --- Kafka: started first because the JVM takes longest; waited for last. A broker
+# running with another configuration (an older checkout: no secured listeners) is
+# restarted with this one.
+mkdir -p "$STACK_DIR/kafka"
+props="$STACK_DIR/kafka/server.properties"
+(umask 077; sed -e "s|@DATA@|$STACK_DIR/kafka/data|" -e "s|@PORT@|$KAFKA_PORT|" \
+    -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" -e "s|@SASL_SSL_PORT@|$KAFKA_SASL_SSL_PORT|" \
+    -e "s|@MTLS_PORT@|$KAFKA_MTLS_PORT|" -e "s|@KAFKA_PKI@|$KAFKA_PKI|" \
+    -e "s|@SASL_PASSWORD@|$(cat "$KAFKA_PKI/sasl-password")|" \
+    "$here/kafka/server.properties.in" >"$props.new")
+if running kafka && ! cmp -s "$props.new" "$props"; then
+  log "Kafka's configuration changed: restarting it"
+  stop kafka
+fi
+mv "$props.new" "$props"
 if ! running kafka; then
-  mkdir -p "$STACK_DIR/kafka"
-  props="$STACK_DIR/kafka/server.properties"
-  sed -e "s|@DATA@|$STACK_DIR/kafka/data|" -e "s|@PORT@|$KAFKA_PORT|" \
-      -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" "$here/kafka/server.properties.in" >"$props"
   cp "$here/kafka/log4j2.properties" "$STACK_DIR/kafka/log4j2.properties"
   if [[ ! -f "$STACK_DIR/kafka/data/meta.properties" ]]; then
     log "formatting Kafka's KRaft storage"
@@ -112,6 +123,30 @@ sa_ready() { kubectl_admin get serviceaccount default -n default; }
 wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-controller-manager.log)" 60 sa_ready
 
 wait_for "Kafka to answer a metadata request on $KAFKA_BOOTSTRAP (log: $LOGS/kafka.log)" 120 kafka_ready
+# The SCRAM user of the SASL_SSL listener, with Kafka's own tool (idempotent).
+# One mechanism per request: Kafka refuses to alter a user's credentials twice in one.
+sasl_password=$(cat "$KAFKA_PKI/sasl-password")
+for mechanism in SCRAM-SHA-512 SCRAM-SHA-256; do
+  kafka_java kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --alter \
+    --add-config "$mechanism=[password=$sasl_password]" \
+    --entity-type users --entity-name oxbow >>"$LOGS/kafka.log" 2>&1 \
+    || die "creating Kafka's $mechanism user failed; see $LOGS/kafka.log"
+done
+# The broker learns new credentials from the cluster metadata, seconds later.
+scram_config="$STACK_DIR/kafka/scram-client.properties"
+(umask 077; cat >"$scram_config" <<PROPS
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="oxbow" password="$sasl_password";
+ssl.truststore.type=PEM
+ssl.truststore.location=$KAFKA_PKI/ca.crt
+PROPS
+)
+scram_ready() {
+  kafka_java org.apache.kafka.tools.ClusterTool cluster-id \
+    --bootstrap-server "127.0.0.1:$KAFKA_SASL_SSL_PORT" --config "$scram_config"
+}
+wait_for "Kafka to accept the SCRAM-SHA-512 user over SASL_SSL on 127.0.0.1:$KAFKA_SASL_SSL_PORT" 60 scram_ready
 
 # Everything must still run: a component that died right after starting would otherwise
 # hide behind state a previous run left in etcd (a Ready node, a ServiceAccount).
@@ -123,6 +158,16 @@ cat >"$STACK_DIR/env" <<ENV
 # Written by 'make up'. Source it: . $STACK_DIR/env
 export KUBECONFIG="$ADMIN_KUBECONFIG"
 export KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
+# The secured listeners, for any Kafka client: SASL_SSL (SCRAM-SHA-512/256 or PLAIN as
+# the user below) and SSL with a client certificate; both verify the broker against
+# KAFKA_CA_FILE (PEM).
+export KAFKA_BOOTSTRAP_SASL_SSL="127.0.0.1:$KAFKA_SASL_SSL_PORT"
+export KAFKA_SASL_USERNAME="oxbow"
+export KAFKA_SASL_PASSWORD="$sasl_password"
+export KAFKA_CA_FILE="$KAFKA_PKI/ca.crt"
+export KAFKA_BOOTSTRAP_MTLS="127.0.0.1:$KAFKA_MTLS_PORT"
+export KAFKA_CLIENT_CERT_FILE="$KAFKA_PKI/client.crt"
+export KAFKA_CLIENT_KEY_FILE="$KAFKA_PKI/client.key"
 export OXBOW_STACK_DIR="$STACK_DIR"
 export PATH="$K8S_BIN:$HELM_BIN:\$PATH"
 ENV

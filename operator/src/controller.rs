@@ -117,8 +117,12 @@ impl Error {
             Error::PruneChild { .. } => "PruneChild",
             Error::WriteStatus(_) => "WriteStatus",
             Error::BuildChildren(_) => "BuildChildren",
-            Error::Topics(TopicError::KafkaUnreachable { .. }) => "KafkaUnreachable",
-            Error::Topics(_) => "Topics",
+            Error::Topics(e) => match e {
+                TopicError::KafkaUnreachable { .. }
+                | TopicError::KafkaAuthentication { .. }
+                | TopicError::KafkaTls { .. } => crate::status::reason::of_topics(e).as_str(),
+                _ => "Topics",
+            },
             Error::Claims(_) => "Claims",
             Error::Cleanup(_) => "Cleanup",
             Error::Finalizer(_) => "Finalizer",
@@ -739,7 +743,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let mut topic_statuses = Vec::new();
     let mut topics_recorded = false;
     let topics_verdict = if let Some(e) = &kafka_error {
-        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
+        Verdict::waiting(reason::of_topics(e), e.to_string())
     } else if let Some(e) = &claims_error {
         Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
     } else if let Some(p) = &source_problem {
@@ -768,11 +772,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
                 }
             }
             Err(Error::Topics(e)) => {
-                let reason = match &e {
-                    TopicError::KafkaUnreachable { .. } => reason::KAFKA_UNREACHABLE,
-                    _ => reason::TOPIC_OPERATION_FAILED,
-                };
-                let v = Verdict::waiting(reason, e.to_string());
+                let v = Verdict::waiting(reason::of_topics(&e), e.to_string());
                 kafka_error = Some(e);
                 v
             }

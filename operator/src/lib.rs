@@ -4,6 +4,7 @@ pub mod build;
 pub mod claims;
 pub mod client_cache;
 pub mod controller;
+pub mod kafka_context;
 pub mod leader;
 pub mod metrics;
 pub mod ownership;

@@ -86,6 +86,8 @@ pub mod reason {
         KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
         INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
         KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
+        KAFKA_AUTHENTICATION_FAILED = "KafkaAuthenticationFailed" on [super::TOPICS_READY];
+        KAFKA_TLS_FAILED = "KafkaTlsFailed" on [super::TOPICS_READY];
         TOPIC_OPERATION_FAILED = "TopicOperationFailed" on [super::TOPICS_READY];
         TOPIC_NOT_OWNED = "TopicNotOwned" on [super::TOPICS_READY];
         SOURCE_PARTITIONS_CHANGED = "SourcePartitionsChanged" on [super::TOPICS_READY];
@@ -108,6 +110,18 @@ pub mod reason {
 
     /// The reason of a problem found by validation. Exhaustive, so a new kind of
     /// problem needs a reason here too.
+    /// The reason for a failed Kafka admin operation.
+    pub fn of_topics(e: &crate::topics::TopicError) -> Reason {
+        use crate::topics::TopicError;
+        match e {
+            TopicError::KafkaUnreachable { .. } => KAFKA_UNREACHABLE,
+            TopicError::KafkaAuthentication { .. } => KAFKA_AUTHENTICATION_FAILED,
+            TopicError::KafkaTls { .. } => KAFKA_TLS_FAILED,
+            TopicError::Client(_) => INVALID_KAFKA_PROPERTIES,
+            _ => TOPIC_OPERATION_FAILED,
+        }
+    }
+
     pub fn of(e: &ValidationError) -> Reason {
         match e {
             ValidationError::InvalidExpression { .. } => INVALID_EXPRESSION,

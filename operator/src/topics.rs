@@ -17,8 +17,12 @@ use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,
     TopicReplication,
 };
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::kafka_context::{ConnectionContext, ConnectionProblem};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopicError {
@@ -26,6 +30,22 @@ pub enum TopicError {
     KafkaUnreachable {
         bootstrap: String,
         source: KafkaError,
+    },
+    #[error(
+        "Kafka at {bootstrap} refused the authentication: {detail}; check sasl.mechanism, sasl.username and sasl.password in the Secret of spec.kafka.secretRef"
+    )]
+    KafkaAuthentication {
+        bootstrap: String,
+        detail: String,
+        source: Box<KafkaError>,
+    },
+    #[error(
+        "the TLS handshake with Kafka at {bootstrap} failed: {detail}; check the CA that verifies the broker (ssl.ca.pem) and, for mutual TLS, the client certificate and key the broker must trust (ssl.certificate.pem, ssl.key.pem)"
+    )]
+    KafkaTls {
+        bootstrap: String,
+        detail: String,
+        source: Box<KafkaError>,
     },
     #[error("failed to create topic {topic}: {source}")]
     CreateTopic { topic: String, source: KafkaError },
@@ -145,15 +165,25 @@ fn first_failure<T, N>(
     })
 }
 
+/// Polls `probe` until no event comes within `wait` (at most 256 events), so each error
+/// reaches its context.
+fn drain(probe: &BaseConsumer<ConnectionContext>, wait: Duration) {
+    for _ in 0..256 {
+        if probe.poll(wait).is_none() {
+            break;
+        }
+    }
+}
+
 fn fetch_partition_counts(
-    admin: &AdminClient<DefaultClientContext>,
+    probe: &BaseConsumer<ConnectionContext>,
     topics: &[String],
     timeout: Duration,
 ) -> Result<BTreeMap<String, Option<i32>>, KafkaError> {
     let mut out = BTreeMap::new();
     for topic in topics {
         // Per topic: a whole-cluster metadata request would grow with the cluster.
-        let md = admin.inner().fetch_metadata(Some(topic), timeout)?;
+        let md = probe.fetch_metadata(Some(topic), timeout)?;
         let partitions = match md.topics().iter().find(|t| t.name() == topic) {
             None => None,
             Some(t) => match t.error() {
@@ -177,6 +207,10 @@ fn fetch_partition_counts(
 pub struct KafkaAdmin {
     bootstrap: String,
     admin: Arc<AdminClient<DefaultClientContext>>,
+    /// Reads metadata. A consumer, not the admin client, because its events can be
+    /// polled: the admin client's own connection errors (a refused login, a failed
+    /// handshake) go to a queue nothing reads, and would show only as timeouts.
+    probe: Arc<BaseConsumer<ConnectionContext>>,
     timeout: Duration,
 }
 
@@ -192,18 +226,42 @@ impl KafkaAdmin {
         // auto-creates topics: a typo would become a real topic with default partitions.
         cfg.set("allow.auto.create.topics", "false");
         let admin = Arc::new(cfg.create().map_err(TopicError::Client)?);
+        let probe = Arc::new(
+            cfg.create_with_context(ConnectionContext::default())
+                .map_err(TopicError::Client)?,
+        );
         Ok(Self {
             bootstrap: bootstrap.into(),
             admin,
+            probe,
             timeout: Duration::from_secs(10),
         })
     }
 
+    /// A request failed for want of a connection: named after the problem the client
+    /// reported, if any (a refused login, a failed handshake), else unreachable.
     fn unreachable(&self, source: KafkaError) -> TopicError {
-        TopicError::KafkaUnreachable {
-            bootstrap: self.bootstrap.clone(),
-            source,
+        let bootstrap = self.bootstrap.clone();
+        self.drain_events();
+        match self.probe.context().recent_problem() {
+            Some(ConnectionProblem::Authentication(detail)) => TopicError::KafkaAuthentication {
+                bootstrap,
+                detail,
+                source: Box::new(source),
+            },
+            Some(ConnectionProblem::Tls(detail)) => TopicError::KafkaTls {
+                bootstrap,
+                detail,
+                source: Box::new(source),
+            },
+            None => TopicError::KafkaUnreachable { bootstrap, source },
         }
+    }
+
+    /// Hands the probe's pending events (errors, logs) to its context, so they neither
+    /// pile up nor go unseen.
+    fn drain_events(&self) {
+        drain(&self.probe, Duration::ZERO);
     }
 
     fn opts(&self) -> AdminOptions {
@@ -217,20 +275,28 @@ impl KafkaAdmin {
         &self,
         topics: &[String],
     ) -> Result<BTreeMap<String, Option<i32>>, TopicError> {
-        let admin = self.admin.clone();
+        let probe = self.probe.clone();
         let topics = topics.to_vec();
         let timeout = self.timeout;
         // librdkafka's metadata call blocks. On the blocking pool (capped in main.rs),
         // not block_in_place: that hands each caller's worker core to a new thread, and
         // a burst of reconciliations grew the runtime to a dozen threads, each with its
         // own malloc arena.
-        let fetched =
-            tokio::task::spawn_blocking(move || fetch_partition_counts(&admin, &topics, timeout))
-                .await
-                .unwrap_or_else(|e| match e.try_into_panic() {
-                    Ok(panic) => std::panic::resume_unwind(panic),
-                    Err(_) => Err(KafkaError::Canceled),
-                });
+        let fetched = tokio::task::spawn_blocking(move || {
+            let fetched = fetch_partition_counts(&probe, &topics, timeout);
+            if fetched.is_err() {
+                // The connection error that failed the request reaches the queue a
+                // moment after the request fails: wait for it, briefly.
+                drain(&probe, Duration::from_millis(200));
+            }
+            fetched
+        })
+        .await
+        .unwrap_or_else(|e| match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(KafkaError::Canceled),
+        });
+        self.drain_events();
         fetched.map_err(|e| self.unreachable(e))
     }
 
