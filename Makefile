@@ -54,7 +54,9 @@ test-e2e: up
 
 test: lint up
 	# The custom-processor test runs the example binary, which `cargo test` does not link.
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --examples
+	# --workspace, not -p oxbow-worker: the same feature set as the build above, so no
+	# workspace crate is compiled a second time.
+	$(CARGO) build $(CARGO_PROFILE) --workspace --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
 # Worker figures alone (no peer): W1 at both guarantees and W3 restores, from the same

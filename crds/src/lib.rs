@@ -10,6 +10,7 @@ pub mod crd;
 pub mod duration;
 pub mod layouts;
 pub mod names;
+pub mod redact;
 pub mod reference;
 pub mod streamapp;
 pub mod topics;

@@ -129,3 +129,51 @@ pub async fn publish(cms: &Api<ConfigMap>, app: &str, a: &Assignment) {
     .await
     .expect("publish the assignment");
 }
+
+/// A counting StreamApp run by worker processes, without the operator: the test plays
+/// the operator, so [`played_app`] applies it, creates the topics the operator would,
+/// and writes the manifest where the workers read it.
+pub struct PlayedApp {
+    pub name: String,
+    pub source: String,
+    pub sink: String,
+    /// The workers' state directories and logs live here.
+    pub dir: PathBuf,
+    /// The manifest the workers run (`--config`).
+    pub config: PathBuf,
+}
+
+/// Applies a StreamApp `name` in `ns` that counts (and sums `value.amount`) per key
+/// from `<name>-in` into `<name>-out` under `guarantee`, and creates its topics with
+/// `partitions` partitions each.
+pub async fn played_app(ns: &str, name: &str, guarantee: &str, partitions: i32) -> PlayedApp {
+    let (source, sink) = (format!("{name}-in"), format!("{name}-out"));
+    let manifest = format!(
+        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: {guarantee}\n  commitInterval: 100ms\n  source: {{topics: [{source}]}}\n  steps:\n  - aggregate: {{store: totals, groupBy: key, fields: {{count: {{count: {{}}}}, sum: {{sum: value.amount}}}}}}\n  sink: {{topic: {sink}}}\n",
+        bootstrap = crate::harness::kafka_bootstrap(),
+    );
+    let (ok, _, err) = crate::harness::kubectl(&["apply", "-n", ns, "-f", "-"], Some(&manifest));
+    assert!(ok, "apply: {err}");
+    let parsed: oxbow_crds::StreamApp = serde_yaml::from_str(&manifest).expect("the manifest");
+    let mut topics = vec![source.clone(), sink.clone()];
+    topics.extend(
+        oxbow_crds::topics::wanted_topics(&parsed, partitions)
+            .into_iter()
+            .map(|t| t.name),
+    );
+    for t in &topics {
+        crate::harness::kafka::create_topic(t, partitions).await;
+    }
+    let dir = std::env::temp_dir().join("oxbow-played-apps").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("the app's directory");
+    let config = dir.join("app.yaml");
+    std::fs::write(&config, &manifest).expect("the app's manifest");
+    PlayedApp {
+        name: name.into(),
+        source,
+        sink,
+        dir,
+        config,
+    }
+}

@@ -16,19 +16,9 @@ log "generating Kafka's PKI in $KAFKA_PKI"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 \
   -subj "/CN=oxbow-kafka-ca" 2>/dev/null
 
-# sign NAME SUBJECT EXT — a certificate signed by Kafka's CA, key in PKCS#8 (what
-# Kafka's PEM keystore reads).
-sign() {
-  local name=$1 subj=$2 ext=$3
-  openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subj" 2>/dev/null
-  printf '%b' "$ext" >"$name.ext"
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-    -out "$name.crt" -days 3650 -extfile "$name.ext" 2>/dev/null
-  rm -f "$name.csr" "$name.ext"
-}
-sign broker "/CN=localhost" \
+sign_cert broker "/CN=localhost" \
   "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
-sign client "/CN=oxbow-client" \
+sign_cert client "/CN=oxbow-client" \
   "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
 # Kafka's PEM keystore: the private key (PKCS#8) followed by the certificate chain.
 cat broker.key broker.crt >broker-keystore.pem

@@ -111,3 +111,14 @@ kafka_java() {
     -Dlog4j2.configurationFile="$STACK_SRC/kafka/tools-log4j2.properties" \
     -cp "$KAFKA_LIBS/*" "$@"
 }
+
+# sign_cert NAME SUBJECT EXT — in the current directory, NAME.key and NAME.crt signed by
+# ./ca.crt and ./ca.key (the key in PKCS#8, what Kafka's PEM keystore reads too).
+sign_cert() {
+  local name=$1 subj=$2 ext=$3
+  openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subj" 2>/dev/null
+  printf '%b' "$ext" >"$name.ext"
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
+    -out "$name.crt" -days 3650 -extfile "$name.ext" 2>/dev/null
+  rm -f "$name.csr" "$name.ext"
+}

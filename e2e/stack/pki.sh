@@ -14,28 +14,19 @@ log "generating the local cluster PKI in $PKI"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 \
   -subj "/CN=oxbow-local-ca" 2>/dev/null
 
-# client_or_server NAME SUBJECT EXT — a certificate signed by the CA.
-sign() {
-  local name=$1 subj=$2 ext=$3
-  openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subj" 2>/dev/null
-  printf '%b' "$ext" >"$name.ext"
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-    -out "$name.crt" -days 3650 -extfile "$name.ext" 2>/dev/null
-  rm -f "$name.csr" "$name.ext"
-}
 
-sign apiserver "/CN=kube-apiserver" \
+sign_cert apiserver "/CN=kube-apiserver" \
   "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
 
 client_ext="keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
-sign admin "/O=system:masters/CN=oxbow-admin" "$client_ext"
-sign controller-manager "/CN=system:kube-controller-manager" "$client_ext"
-sign scheduler "/CN=system:kube-scheduler" "$client_ext"
+sign_cert admin "/O=system:masters/CN=oxbow-admin" "$client_ext"
+sign_cert controller-manager "/CN=system:kube-controller-manager" "$client_ext"
+sign_cert scheduler "/CN=system:kube-scheduler" "$client_ext"
 # The node agent provisions volumes and writes pod status for every pod on its node;
 # the Node authorizer's per-node limits don't cover provisioning, so it acts as admin.
-sign node "/O=system:masters/CN=system:node:$NODE_NAME" "$client_ext"
+sign_cert node "/O=system:masters/CN=system:node:$NODE_NAME" "$client_ext"
 # The API server's client identity towards aggregated APIs / kubelets (unused, required).
-sign apiserver-client "/O=system:masters/CN=kube-apiserver-client" "$client_ext"
+sign_cert apiserver-client "/O=system:masters/CN=kube-apiserver-client" "$client_ext"
 
 openssl genrsa -out sa.key 2048 2>/dev/null
 openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null

@@ -21,7 +21,7 @@ use oxbow_e2e::harness::{
     wait_for,
 };
 use oxbow_e2e::streams::{counting_state, preload, produce, read_committed};
-use oxbow_e2e::workers::{WorkerProc, publish};
+use oxbow_e2e::workers::{WorkerProc, played_app, publish};
 
 /// Group keys pre-loaded into task 0's changelog partition: a restore of several
 /// seconds on the local stack, far longer than a hand-over between live pods.
@@ -71,27 +71,8 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     install_crd();
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "handover").await;
-    let app = unique("handover");
-    let source = format!("{app}-in");
-    let manifest = format!(
-        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}, namespace: {ns}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: exactly_once\n  commitInterval: 100ms\n  source: {{topics: [{source}]}}\n  steps:\n  - aggregate: {{store: totals, groupBy: key, fields: {{count: {{count: {{}}}}, sum: {{sum: value.amount}}}}}}\n  sink: {{topic: {app}-out}}\n",
-        ns = ns.name,
-        bootstrap = kafka_bootstrap(),
-    );
-    let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&manifest));
-    assert!(ok, "apply: {err}");
-    let parsed: StreamApp = serde_yaml::from_str(&manifest).unwrap();
-    // The topics the operator would make.
-    kafka::create_topic(&source, 3).await;
-    kafka::create_topic(&format!("{app}-out"), 3).await;
-    for t in oxbow_crds::topics::wanted_topics(&parsed, 3) {
-        kafka::create_topic(&t.name, 3).await;
-    }
-    let dir = std::env::temp_dir().join("oxbow-handover-test").join(&app);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("app.yaml");
-    std::fs::write(&config, &manifest).unwrap();
+    let played = played_app(&ns.name, &unique("handover"), "exactly_once", 3).await;
+    let (app, source, dir, config) = (&played.name, &played.source, &played.dir, &played.config);
     let kubeconfig = stack_var("KUBECONFIG");
     let [a_pod, b_pod, c_pod] = [0, 1, 2].map(|i| format!("{app}-{i}"));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);

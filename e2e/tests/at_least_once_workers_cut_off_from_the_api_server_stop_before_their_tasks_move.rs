@@ -25,7 +25,7 @@ use oxbow_e2e::harness::{
     TestNamespace, install_crd, kafka_bootstrap, kube_client, kubectl, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{produce, read_committed};
-use oxbow_e2e::workers::{WorkerProc, publish};
+use oxbow_e2e::workers::{WorkerProc, played_app, publish};
 
 /// A TCP proxy to the API server that the test can cut: it refuses new connections and
 /// shuts the open ones, as a network partition would.
@@ -142,27 +142,8 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
     install_crd();
     let client = kube_client().await;
     let ns = TestNamespace::create(&client, "lease").await;
-    let app = unique("lease");
-    let source = format!("{app}-in");
-    let manifest = format!(
-        "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {{name: {app}, namespace: {ns}}}\nspec:\n  kafka: {{bootstrapServers: \"{bootstrap}\"}}\n  processingGuarantee: at_least_once\n  commitInterval: 100ms\n  source: {{topics: [{source}]}}\n  steps:\n  - aggregate: {{store: totals, groupBy: key, fields: {{count: {{count: {{}}}}}}}}\n  sink: {{topic: {app}-out}}\n",
-        ns = ns.name,
-        bootstrap = kafka_bootstrap(),
-    );
-    let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&manifest));
-    assert!(ok, "apply: {err}");
-    let parsed: StreamApp = serde_yaml::from_str(&manifest).unwrap();
-    // The topics the operator would make (the test plays the operator).
-    oxbow_e2e::harness::kafka::create_topic(&source, 2).await;
-    oxbow_e2e::harness::kafka::create_topic(&format!("{app}-out"), 2).await;
-    for t in oxbow_crds::topics::wanted_topics(&parsed, 2) {
-        oxbow_e2e::harness::kafka::create_topic(&t.name, 2).await;
-    }
-    let dir = std::env::temp_dir().join("oxbow-lease-test").join(&app);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("app.yaml");
-    std::fs::write(&config, &manifest).unwrap();
+    let played = played_app(&ns.name, &unique("lease"), "at_least_once", 2).await;
+    let (app, source, dir, config) = (&played.name, &played.source, &played.dir, &played.config);
     let (a_pod, b_pod) = (format!("{app}-0"), format!("{app}-1"));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     publish(&cms, &app, &all_to(&a_pod, None, 1, &[&a_pod])).await;

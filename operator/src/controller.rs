@@ -285,8 +285,18 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action,
 }
 
 /// Transient errors requeue with exponential back-off per object (5 s … 5 min).
+/// How often an unfinished cleanup is tried again (until the cleanup timeout).
+const CLEANUP_RETRY: Duration = Duration::from_secs(5);
+
 pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed(err.metric_label());
+    // A deletion's cleanup is retried on its own short schedule until the cleanup
+    // timeout: an app that failed for long before (wrong credentials) has backed off
+    // for minutes, and the timeout must still end its deletion on time.
+    if app.metadata.deletion_timestamp.is_some() {
+        tracing::warn!(streamapp = %app.name_any(), error = %err, retry_in = ?CLEANUP_RETRY, "cleanup not done yet");
+        return Action::requeue(CLEANUP_RETRY);
+    }
     let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
     let n = failures.entry(ObjectRef::from_obj(&*app)).or_insert(0);
     *n = n.saturating_add(1);

@@ -17,9 +17,6 @@ use crate::build;
 use crate::ownership::topic_key;
 use crate::status::{self, reason};
 
-/// How often an unfinished cleanup is tried again (until the cleanup timeout).
-const CLEANUP_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// What deletion did, for the event.
 struct Done {
     topics: usize,
@@ -148,17 +145,8 @@ pub async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         .map(|t| t.0)
         .unwrap_or_else(Timestamp::now);
     let waited = Timestamp::now().duration_since(deleting_since);
-    let waited = std::time::Duration::from_secs(waited.as_secs().max(0) as u64);
-    if let Some(left) = ctx
-        .cleanup_timeout
-        .checked_sub(waited)
-        .filter(|l| !l.is_zero())
-    {
-        // Retried on its own schedule, not the error backoff: a reconcile that failed
-        // for long before the deletion (wrong credentials) has backed off for minutes,
-        // and the timeout must still end the deletion on time.
-        tracing::warn!(error = %Error::Cleanup(why), retry_in = ?left.min(CLEANUP_RETRY), "cleanup not done yet");
-        return Ok(Action::requeue(left.min(CLEANUP_RETRY)));
+    if (waited.as_secs().max(0) as u64) < ctx.cleanup_timeout.as_secs() {
+        return Err(Error::Cleanup(why));
     }
     // Never wedge a terminating namespace: say what was left behind, then let go.
     let msg = format!(
