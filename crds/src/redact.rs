@@ -25,11 +25,15 @@ const PUBLIC_ENUMS: &[&str] = &[
     "sasl.oauthbearer.method",
 ];
 
+fn is_public_enum(name: &str) -> bool {
+    PUBLIC_ENUMS.contains(&name.to_ascii_lowercase().as_str())
+}
+
 /// Whether a property's name marks its value as sensitive: `*.password`, `*.key*`,
 /// `sasl.*`, `ssl.*.pem`, `*secret*`, `*token*`.
 pub fn is_sensitive(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    if PUBLIC_ENUMS.contains(&n.as_str()) {
+    if is_public_enum(&n) {
         return false;
     }
     n.ends_with(".password")
@@ -57,9 +61,8 @@ impl Redactor {
         let from_secret: Vec<&String> = from_secret.into_iter().collect();
         let mut secrets: Vec<String> = Vec::new();
         for (name, value) in properties {
-            let secret = is_sensitive(name)
-                || (from_secret.contains(&name)
-                    && !PUBLIC_ENUMS.contains(&name.to_ascii_lowercase().as_str()));
+            let secret =
+                is_sensitive(name) || (from_secret.contains(&name) && !is_public_enum(name));
             if !secret {
                 continue;
             }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
+use oxbow_crds::TaskId;
+use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY, PreviousActive, TaskPlacement};
 
 use crate::harness::target_dir;
 
@@ -111,6 +112,40 @@ impl WorkerProc {
 impl Drop for WorkerProc {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A task's placement: active on `pod`, no standby, with the previous actives given as
+/// (pod, the generation that moved the task away from it).
+pub fn placement(pod: &str, previous: &[(&str, i64)]) -> TaskPlacement {
+    TaskPlacement {
+        active: pod.into(),
+        standbys: vec![],
+        previous: previous
+            .iter()
+            .map(|(pod, until)| PreviousActive {
+                pod: (*pod).into(),
+                until: *until,
+            })
+            .collect(),
+    }
+}
+
+/// An assignment (tracking previous actives, as the operator's does) of stage-0 tasks
+/// 0, 1, … placed as given, listing `pods` as the pods that exist.
+pub fn assignment(
+    generation: i64,
+    tasks: impl IntoIterator<Item = TaskPlacement>,
+    pods: &[&str],
+) -> Assignment {
+    Assignment {
+        generation,
+        tasks: (0u32..)
+            .zip(tasks)
+            .map(|(p, tp)| (TaskId::new(0, p), tp))
+            .collect(),
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+        tracks_previous: true,
     }
 }
 

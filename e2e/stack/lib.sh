@@ -85,6 +85,10 @@ running() {
 start() {
   local name=$1; shift
   mkdir -p "$RUN" "$LOGS"
+  # One previous generation is kept, so a long-lived cache does not fill the disk.
+  local size
+  size=$(stat -c %s "$LOGS/$name.log" 2>/dev/null || echo 0)
+  ((size < 64 * 1024 * 1024)) || mv -f "$LOGS/$name.log" "$LOGS/$name.log.1"
   log "starting $name (log: $LOGS/$name.log)"
   setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
   echo $! >"$(pidfile "$name")"

@@ -14,46 +14,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::assignment::{Assignment, PreviousActive, TaskPlacement};
-use oxbow_crds::{StoreName, StreamApp, TaskId, names::changelog_topic};
-use oxbow_e2e::harness::{
-    TestNamespace, install_crd, kafka, kafka_bootstrap, kube_client, kubectl, stack_var, unique,
-    wait_for,
-};
+use oxbow_crds::{StoreName, StreamApp, names::changelog_topic};
+use oxbow_e2e::harness::{TestNamespace, install_crd, kube_client, stack_var, unique, wait_for};
 use oxbow_e2e::streams::{counting_state, preload, produce, read_committed};
-use oxbow_e2e::workers::{WorkerProc, played_app, publish};
+use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, publish};
 
 /// Group keys pre-loaded into task 0's changelog partition: a restore of several
 /// seconds on the local stack, far longer than a hand-over between live pods.
 const KEYS: usize = 2_000_000;
-
-/// Task `p`'s placement: active on `pod`, with the previous actives given.
-fn on(pod: &str, previous: &[(&str, i64)]) -> TaskPlacement {
-    TaskPlacement {
-        active: pod.into(),
-        standbys: vec![],
-        previous: previous
-            .iter()
-            .map(|(pod, until)| PreviousActive {
-                pod: (*pod).into(),
-                until: *until,
-            })
-            .collect(),
-    }
-}
-
-fn assignment(generation: i64, tasks: [TaskPlacement; 3], pods: &[&str]) -> Assignment {
-    Assignment {
-        generation,
-        tasks: tasks
-            .into_iter()
-            .enumerate()
-            .map(|(p, tp)| (TaskId::new(0, p as u32), tp))
-            .collect(),
-        pods: pods.iter().map(|p| p.to_string()).collect(),
-        tracks_previous: true,
-    }
-}
 
 /// Pod `pod`'s status entry in the StreamApp: (acknowledged generation, records left
 /// to restore).
@@ -78,14 +46,14 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let apps: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
     let start =
-        |pod: &str| WorkerProc::start(&ns.name, &app, pod, &config, &dir, Path::new(&kubeconfig));
+        |pod: &str| WorkerProc::start(&ns.name, app, pod, config, dir, Path::new(&kubeconfig));
 
     // 1. Generation 1: task 0 on A, task 1 on B, task 2 on C. B and C start; A's task
     //    gets a big state in its changelog before A starts, so A restores for long.
     let everyone = [a_pod.as_str(), b_pod.as_str(), c_pod.as_str()];
     publish(
         &cms,
-        &app,
+        app,
         &assignment(
             1,
             [on(&a_pod, &[]), on(&b_pod, &[]), on(&c_pod, &[])],
@@ -96,7 +64,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     let mut b = start(&b_pod);
     let c = start(&c_pod);
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
-    produce(&source, &keys, 2, 1);
+    produce(source, &keys, 2, 1);
     wait_for(
         "B and C to run their tasks",
         Duration::from_secs(90),
@@ -127,7 +95,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
         "A to report a restore in its status entry",
         Duration::from_secs(60),
         || async {
-            match entry(&apps, &app, &a_pod).await {
+            match entry(&apps, app, &a_pod).await {
                 Some((acked, left)) if left > 0 && acked < 1 => Ok(()),
                 other => Err(format!("A's entry: {other:?}\n--- A\n{}", a.logs())),
             }
@@ -141,7 +109,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     let killed = Instant::now();
     publish(
         &cms,
-        &app,
+        app,
         &assignment(
             2,
             [on(&a_pod, &[]), on(&c_pod, &[(&b_pod, 2)]), on(&c_pod, &[])],
@@ -162,7 +130,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     .await;
     // A was still restoring when C took the task over: C did not wait for it.
     let a_running = a.running();
-    let a_entry = entry(&apps, &app, &a_pod).await;
+    let a_entry = entry(&apps, app, &a_pod).await;
     println!(
         "C ran B's task {took:.1?} after B died; A then ran {a_running:?}, its entry (acked, left to restore): {a_entry:?}"
     );
@@ -188,7 +156,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
         },
     )
     .await;
-    produce(&source, &keys, 2, 1);
+    produce(source, &keys, 2, 1);
     wait_for(
         "every key counted 4 times, each count once, in the committed output",
         Duration::from_secs(90),

@@ -19,13 +19,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::assignment::{Assignment, PreviousActive, TaskPlacement};
-use oxbow_crds::{StreamApp, TaskId};
-use oxbow_e2e::harness::{
-    TestNamespace, install_crd, kafka_bootstrap, kube_client, kubectl, stack_var, unique, wait_for,
-};
+use oxbow_crds::StreamApp;
+use oxbow_crds::assignment::Assignment;
+use oxbow_e2e::harness::{TestNamespace, install_crd, kube_client, stack_var, unique, wait_for};
 use oxbow_e2e::streams::{produce, read_committed};
-use oxbow_e2e::workers::{WorkerProc, played_app, publish};
+use oxbow_e2e::workers::{WorkerProc, assignment, placement, played_app, publish};
 
 /// A TCP proxy to the API server that the test can cut: it refuses new connections and
 /// shuts the open ones, as a network partition would.
@@ -111,30 +109,10 @@ fn api_server_address() -> String {
     server.trim_start_matches("https://").to_string()
 }
 
+/// Both tasks on `pod`.
 fn all_to(pod: &str, previous: Option<(&str, i64)>, generation: i64, pods: &[&str]) -> Assignment {
-    Assignment {
-        generation,
-        tasks: (0..2)
-            .map(|p| {
-                (
-                    TaskId::new(0, p),
-                    TaskPlacement {
-                        active: pod.into(),
-                        standbys: vec![],
-                        previous: previous
-                            .iter()
-                            .map(|(pod, until)| PreviousActive {
-                                pod: (*pod).into(),
-                                until: *until,
-                            })
-                            .collect(),
-                    },
-                )
-            })
-            .collect(),
-        pods: pods.iter().map(|p| p.to_string()).collect(),
-        tracks_previous: true,
-    }
+    let previous: Vec<(&str, i64)> = previous.into_iter().collect();
+    assignment(generation, [0, 1].map(|_| placement(pod, &previous)), pods)
 }
 
 #[tokio::test]
@@ -146,19 +124,19 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
     let (app, source, dir, config) = (&played.name, &played.source, &played.dir, &played.config);
     let (a_pod, b_pod) = (format!("{app}-0"), format!("{app}-1"));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    publish(&cms, &app, &all_to(&a_pod, None, 1, &[&a_pod])).await;
+    publish(&cms, app, &all_to(&a_pod, None, 1, &[&a_pod])).await;
 
     let proxy = Proxy::start(api_server_address());
     let a = WorkerProc::start(
         &ns.name,
-        &app,
+        app,
         &a_pod,
-        &config,
-        &dir,
-        &kubeconfig_via(proxy.port, &dir),
+        config,
+        dir,
+        &kubeconfig_via(proxy.port, dir),
     );
     let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
-    produce(&source, &keys, 10, 1);
+    produce(source, &keys, 10, 1);
     wait_for(
         "worker A to run both tasks",
         Duration::from_secs(90),
@@ -174,7 +152,7 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
         "A's status entry in the StreamApp",
         Duration::from_secs(30),
         || async {
-            let s = apps.get(&app).await.map_err(|e| e.to_string())?;
+            let s = apps.get(app).await.map_err(|e| e.to_string())?;
             s.status
                 .and_then(|st| st.instances.into_iter().find(|i| i.pod == a_pod))
                 .map(|_| ())
@@ -189,19 +167,19 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
     let cut_at = Instant::now();
     publish(
         &cms,
-        &app,
+        app,
         &all_to(&b_pod, Some((&a_pod, 2)), 2, &[&a_pod, &b_pod]),
     )
     .await;
     let b = WorkerProc::start(
         &ns.name,
-        &app,
+        app,
         &b_pod,
-        &config,
-        &dir,
+        config,
+        dir,
         Path::new(&stack_var("KUBECONFIG")),
     );
-    produce(&source, &keys, 10, 1);
+    produce(source, &keys, 10, 1);
     let mut a = a;
     let deadline = cut_at + Duration::from_secs(90);
     let (mut a_exit, mut b_run) = (None, None);

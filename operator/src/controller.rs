@@ -284,10 +284,11 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
-/// Transient errors requeue with exponential back-off per object (5 s … 5 min).
 /// How often an unfinished cleanup is tried again (until the cleanup timeout).
 const CLEANUP_RETRY: Duration = Duration::from_secs(5);
 
+/// Transient errors requeue with exponential back-off per object (5 s … 5 min); a
+/// deleting app's cleanup every [`CLEANUP_RETRY`].
 pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed(err.metric_label());
     // A deletion's cleanup is retried on its own short schedule until the cleanup

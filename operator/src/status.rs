@@ -108,8 +108,6 @@ pub mod reason {
         RESTORING = "Restoring" on [super::RESTORED];
     }
 
-    /// The reason of a problem found by validation. Exhaustive, so a new kind of
-    /// problem needs a reason here too.
     /// The reason for a failed Kafka admin operation.
     pub fn of_topics(e: &crate::topics::TopicError) -> Reason {
         use crate::topics::TopicError;
@@ -122,6 +120,8 @@ pub mod reason {
         }
     }
 
+    /// The reason of a problem found by validation. Exhaustive, so a new kind of
+    /// problem needs a reason here too.
     pub fn of(e: &ValidationError) -> Reason {
         match e {
             ValidationError::InvalidExpression { .. } => INVALID_EXPRESSION,

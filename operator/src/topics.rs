@@ -17,10 +17,9 @@ use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,
     TopicReplication,
 };
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::kafka_context::{ConnectionContext, ConnectionProblem};
 
@@ -284,11 +283,14 @@ impl KafkaAdmin {
         // own malloc arena.
         let fetched = tokio::task::spawn_blocking(move || {
             let fetched = fetch_partition_counts(&probe, &topics, timeout);
-            if fetched.is_err() {
-                // The connection error that failed the request reaches the queue a
-                // moment after the request fails: wait for it, briefly.
-                drain(&probe, Duration::from_millis(200));
-            }
+            // The events, so they do not pile up. After a failure, the connection error
+            // behind it reaches the queue a moment later: wait for it, briefly.
+            let wait = if fetched.is_err() {
+                Duration::from_millis(200)
+            } else {
+                Duration::ZERO
+            };
+            drain(&probe, wait);
             fetched
         })
         .await
@@ -296,7 +298,6 @@ impl KafkaAdmin {
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(_) => Err(KafkaError::Canceled),
         });
-        self.drain_events();
         fetched.map_err(|e| self.unreachable(e))
     }
 

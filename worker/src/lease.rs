@@ -40,15 +40,14 @@ pub fn judge(renewed: Duration, lease: Duration) -> LeaseVerdict {
 }
 
 pub struct Lease {
-    started: Instant,
-    renewed: Mutex<Option<Instant>>,
+    /// The last accepted write's send time; the worker's start until there is one.
+    renewed: Mutex<Instant>,
 }
 
 impl Default for Lease {
     fn default() -> Self {
         Self {
-            started: Instant::now(),
-            renewed: Mutex::default(),
+            renewed: Mutex::new(Instant::now()),
         }
     }
 }
@@ -57,17 +56,12 @@ impl Lease {
     /// A status write sent at `sent` was accepted.
     pub fn renewed(&self, sent: Instant) {
         if let Ok(mut r) = self.renewed.lock() {
-            *r = Some(r.map_or(sent, |prev| prev.max(sent)));
+            *r = (*r).max(sent);
         }
     }
 
     pub fn verdict(&self) -> LeaseVerdict {
-        let since = self
-            .renewed
-            .lock()
-            .ok()
-            .and_then(|r| *r)
-            .unwrap_or(self.started);
+        let since = *self.renewed.lock().unwrap_or_else(|e| e.into_inner());
         judge(since.elapsed(), LEASE)
     }
 }
@@ -84,8 +78,7 @@ mod tests {
             .checked_sub(S(11))
             .expect("an instant 11 s ago");
         let l = Lease {
-            started,
-            renewed: Mutex::default(),
+            renewed: Mutex::new(started),
         };
         assert!(matches!(l.verdict(), LeaseVerdict::Lapsed { since } if since >= S(11)));
         assert_eq!(Lease::default().verdict(), LeaseVerdict::Held);
