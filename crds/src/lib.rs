@@ -8,6 +8,7 @@ pub mod assignment;
 pub mod cel_cost;
 pub mod crd;
 pub mod duration;
+pub mod kafka_properties;
 pub mod layouts;
 pub mod names;
 pub mod redact;

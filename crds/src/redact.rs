@@ -9,9 +9,16 @@
 //! (`security.protocol`, `sasl.mechanism`, …) stay visible even from the Secret:
 //! redacting "SSL" or "PLAIN" would mangle every message and hide nothing.
 //!
-//! This module owns that rule and the text substitution; it performs no I/O.
+//! Every client configuration a process builds is remembered ([`Redactor::remember`]),
+//! and what leaves the process passes through [`scrub`]: status and event text, and
+//! every log line ([`ScrubbingWriter`] under the tracing subscriber).
+//!
+//! This module owns that rule, the process's set of secret values and the text
+//! substitution; its only I/O is the writer it is given.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::RwLock;
 
 /// What a secret value is replaced with.
 pub const REDACTED: &str = "[redacted]";
@@ -61,8 +68,16 @@ impl Redactor {
         let from_secret: Vec<&String> = from_secret.into_iter().collect();
         let mut secrets: Vec<String> = Vec::new();
         for (name, value) in properties {
-            let secret =
-                is_sensitive(name) || (from_secret.contains(&name) && !is_public_enum(name));
+            // A flag or a number set in the Secret (`enable.ssl.certificate.verification`,
+            // a timeout) names no secret, and redacting "true" would mangle every message.
+            let plain = {
+                let v = value.trim();
+                v.eq_ignore_ascii_case("true")
+                    || v.eq_ignore_ascii_case("false")
+                    || v.parse::<f64>().is_ok()
+            };
+            let secret = is_sensitive(name)
+                || (from_secret.contains(&name) && !is_public_enum(name) && !plain);
             if !secret {
                 continue;
             }
@@ -89,10 +104,121 @@ impl Redactor {
         let mut out = text.to_string();
         for s in &self.secrets {
             if out.contains(s.as_str()) {
-                out = out.replace(s.as_str(), REDACTED);
+                out = replace_quoted(&out, s);
             }
         }
         out
+    }
+
+    /// Adds these values to the ones [`scrub`] removes, for the rest of the process.
+    /// Values are never forgotten: a rotated password must not reappear in old errors.
+    pub fn remember(&self) {
+        let mut known = KNOWN.write().unwrap_or_else(|e| e.into_inner());
+        let mut merged = known.secrets.clone();
+        merged.extend(self.secrets.iter().cloned());
+        merged.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        merged.dedup();
+        known.secrets = merged;
+    }
+}
+
+/// Values this long are replaced wherever they occur; a shorter one (a user name, a
+/// short password) only where it stands alone, so that "app" does not mangle "apps".
+const ANYWHERE: usize = 12;
+
+fn is_word(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+fn replace_quoted(text: &str, secret: &str) -> String {
+    if secret.len() >= ANYWHERE {
+        return text.replace(secret, REDACTED);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(secret) {
+        let (before, tail) = rest.split_at(at);
+        let after = &tail[secret.len()..];
+        let alone = !before.chars().next_back().is_some_and(is_word)
+            && !after.chars().next().is_some_and(is_word);
+        out.push_str(before);
+        out.push_str(if alone { REDACTED } else { secret });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The secret values of every client configuration this process has built.
+static KNOWN: RwLock<Redactor> = RwLock::new(Redactor {
+    secrets: Vec::new(),
+});
+
+/// `text` without any secret value this process knows of.
+pub fn scrub(text: &str) -> String {
+    let known = KNOWN.read().unwrap_or_else(|e| e.into_inner());
+    if known.secrets.is_empty() {
+        return text.to_string();
+    }
+    known.redact(text)
+}
+
+/// Scrubs every string in `value` (a status or a patch about to be sent).
+pub fn scrub_json(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => {
+            let clean = scrub(s);
+            if clean != *s {
+                *s = clean;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(scrub_json),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(scrub_json),
+        _ => {}
+    }
+}
+
+/// A log writer that scrubs what it is given before passing it on. The tracing
+/// subscriber makes one per event and drops it after writing, so each event is scrubbed
+/// whole (a value split across two `write` calls is still found).
+pub struct ScrubbingWriter<W: Write> {
+    inner: W,
+    pending: Vec<u8>,
+}
+
+impl<W: Write> ScrubbingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        Self {
+            inner,
+            pending: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let text = scrub(&String::from_utf8_lossy(&self.pending));
+        self.pending.clear();
+        self.inner.write_all(text.as_bytes())
+    }
+}
+
+impl<W: Write> Write for ScrubbingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.emit()?;
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Drop for ScrubbingWriter<W> {
+    fn drop(&mut self) {
+        let _ = self.emit();
     }
 }
 
@@ -157,6 +283,43 @@ mod tests {
             r.redact("SASL_SSL with SCRAM-SHA-512 from rack-with-a-secret-name"),
             "SASL_SSL with SCRAM-SHA-512 from [redacted]"
         );
+        let flags = props(&[
+            ("enable.ssl.certificate.verification", "true"),
+            ("sasl.password", "123456"),
+        ]);
+        let names: Vec<String> = flags.keys().cloned().collect();
+        assert_eq!(
+            Redactor::new(&flags, &names).redact("ready: true, password 123456"),
+            "ready: true, password [redacted]"
+        );
+    }
+
+    #[test]
+    fn a_short_value_is_redacted_where_it_stands_alone_but_not_inside_a_word() {
+        let r = Redactor::new(&props(&[("sasl.username", "app")]), []);
+        assert_eq!(
+            r.redact(r#"user "app" refused; apps and app-1 are fine; app"#),
+            r#"user "[redacted]" refused; apps and app-1 are fine; [redacted]"#
+        );
+    }
+
+    #[test]
+    fn a_remembered_value_is_scrubbed_from_logs_and_json_for_the_life_of_the_process() {
+        Redactor::new(&props(&[("sasl.password", "remembered-sentinel-1")]), []).remember();
+        let mut out = Vec::new();
+        {
+            let mut w = ScrubbingWriter::new(&mut out);
+            w.write_all(b"login with remembered-sen").expect("write");
+            w.write_all(b"tinel-1 refused\n").expect("write");
+        }
+        assert_eq!(
+            String::from_utf8(out).expect("utf-8"),
+            "login with [redacted] refused\n"
+        );
+        let mut status =
+            serde_json::json!({"conditions": [{"message": "pw remembered-sentinel-1"}], "n": 1});
+        scrub_json(&mut status);
+        assert_eq!(status["conditions"][0]["message"], "pw [redacted]");
     }
 
     #[test]

@@ -42,6 +42,12 @@ pub enum ValidationError {
     },
     #[error("{path}: {message}")]
     InvalidDuration { path: String, message: String },
+    /// Never quotes the value: it may be a secret.
+    #[error("{path}: refused, because {}", why.explain())]
+    RefusedProperty {
+        path: String,
+        why: crate::kafka_properties::Refusal,
+    },
     #[error(
         "store {store:?} is used by {first} and {second}: each stateful step needs its own store"
     )]
@@ -181,6 +187,7 @@ impl ValidationError {
             Self::InvalidExpression { .. } => "InvalidExpression",
             Self::ExpressionTooCostly { .. } => "ExpressionTooCostly",
             Self::InvalidDuration { .. } => "InvalidDuration",
+            Self::RefusedProperty { .. } => "KafkaPropertyRefused",
             Self::DuplicateStore { .. } => "DuplicateStore",
             Self::UnusedStoreSettings { .. } => "UnusedStoreSettings",
             Self::SourceTopicsMissing { .. } => "SourceTopicsMissing",
@@ -523,6 +530,15 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
         )
     {
         errors.push(e);
+    }
+    for (name, value) in &spec.kafka.properties {
+        use crate::kafka_properties::{Place, refusal};
+        if let Some(why) = refusal(name, value, Place::Manifest) {
+            errors.push(ValidationError::RefusedProperty {
+                path: format!("spec.kafka.properties[{name:?}]"),
+                why,
+            });
+        }
     }
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (i, s) in spec.steps.iter().enumerate() {
@@ -1027,6 +1043,29 @@ spec:
             matches!(&errs[..], [ValidationError::InvalidDuration { path, .. }] if path == "spec.commitInterval"),
             "{errs:?}"
         );
+    }
+
+    #[test]
+    fn a_password_or_a_file_path_in_spec_kafka_properties_is_refused_without_quoting_it() {
+        let app = with(
+            "5s",
+            r#""sasl.password": "hunter2-sentinel", "ssl.key.location": "/etc/shadow""#,
+        );
+        let errors: Vec<String> = validate_app(&app).iter().map(|e| e.to_string()).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                r#"spec.kafka.properties["sasl.password"]: refused, because its value is secret"#
+            ),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with(
+                r#"spec.kafka.properties["ssl.key.location"]: refused, because it reads a file"#
+            ),
+            "{errors:?}"
+        );
+        assert!(!errors.concat().contains("hunter2") && !errors.concat().contains("shadow"));
     }
 
     fn with(commit_interval: &str, kafka_properties: &str) -> StreamApp {

@@ -235,6 +235,48 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     )
 }
 
+/// A ServiceAccount token in namespace `ns` (`kubectl create token`, one hour).
+pub fn service_account_token(ns: &str, account: &str) -> String {
+    let (ok, token, err) = kubectl(
+        &["create", "token", account, "-n", ns, "--duration=1h"],
+        None,
+    );
+    assert!(ok, "kubectl create token {account}: {err}");
+    token.trim().to_string()
+}
+
+/// A bearer token of an identity that may query every StreamApp (`get` on
+/// `streamapps/query` cluster-wide), for tests that read worker pods' state over HTTP.
+/// Made once per test process.
+pub fn query_token() -> String {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN
+        .get_or_init(|| {
+            let rbac = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: oxbow-e2e-query, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: oxbow-e2e-query}
+rules:
+- {apiGroups: [oxbow.dev], resources: [streamapps/query], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: oxbow-e2e-query}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: oxbow-e2e-query}
+subjects:
+- {kind: ServiceAccount, name: oxbow-e2e-query, namespace: default}
+"#;
+            let (ok, _, err) = kubectl(&["apply", "-f", "-"], Some(rbac));
+            assert!(ok, "the e2e query identity: {err}");
+            service_account_token("default", "oxbow-e2e-query")
+        })
+        .clone()
+}
+
 /// `kubectl wait --for=condition=Ready streamapp/<name>`: `Err` carries kubectl's output.
 pub fn wait_streamapp_ready(ns: &str, name: &str, timeout: &str) -> Result<(), String> {
     let (ok, out, err) = kubectl(

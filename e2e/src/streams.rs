@@ -244,17 +244,34 @@ pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
         .map(|(code, _, body)| (code, body))
 }
 
-/// GET `http://{addr}{path}`: status, the `Retry-After` header if any, and body.
+/// GET `http://{addr}{path}`: status, the `Retry-After` header if any, and body. The
+/// request carries [`crate::harness::query_token`]: worker pods serve their state only
+/// to callers allowed to query the app.
 pub async fn http_get_retry_after(
     addr: &str,
     path: &str,
+) -> Result<(u16, Option<String>, String), String> {
+    let token = tokio::task::spawn_blocking(crate::harness::query_token)
+        .await
+        .map_err(|e| e.to_string())?;
+    http_get_as(addr, path, Some(&token)).await
+}
+
+/// GET `http://{addr}{path}` with `token` as the bearer token (none: no header).
+pub async fn http_get_as(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
 ) -> Result<(u16, Option<String>, String), String> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?;
-    let r = client
-        .get(format!("http://{addr}{path}"))
+    let mut request = client.get(format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let r = request
         .send()
         .await
         .map_err(|e| format!("GET {addr}{path}: {e}"))?;

@@ -79,7 +79,8 @@ impl WorkerProc {
         s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         write!(
             s,
-            "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            crate::harness::query_token()
         )
         .ok()?;
         let mut body = String::new();

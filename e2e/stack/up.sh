@@ -32,13 +32,16 @@ if running kafka && ! cmp -s "$props.new" "$props"; then
   stop kafka
 fi
 mv "$props.new" "$props"
+boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
 if ! running kafka; then
   cp "$here/kafka/log4j2.properties" "$STACK_DIR/kafka/log4j2.properties"
-  # Everything in this broker is disposable test and demo data. Kept across cold starts it
-  # only grows (thousands of test partitions), and recovering it after an unclean stop
-  # (a machine restart) took longer than two minutes; a fresh store starts in seconds.
-  if [[ -d "$STACK_DIR/kafka/data" && -z "${OXBOW_STACK_KEEP_KAFKA_DATA:-}" ]]; then
-    log "discarding the stopped broker's data (set OXBOW_STACK_KEEP_KAFKA_DATA=1 to keep it)"
+  # Everything in this broker is disposable test and demo data. After a machine restart
+  # it was stopped uncleanly, and recovering it (thousands of test partitions) took longer
+  # than two minutes; a fresh store starts in seconds. A broker a test stopped and starts
+  # again (same boot) keeps its data: that is what such a test checks.
+  if [[ -d "$STACK_DIR/kafka/data" && -z "${OXBOW_STACK_KEEP_KAFKA_DATA:-}" ]] \
+      && [[ "$(cat "$STACK_DIR/kafka/boot_id" 2>/dev/null)" != "$boot_id" ]]; then
+    log "the machine restarted since the broker last ran: discarding its data (OXBOW_STACK_KEEP_KAFKA_DATA=1 keeps it)"
     rm -rf "$STACK_DIR/kafka/data"
   fi
   if [[ ! -f "$STACK_DIR/kafka/data/meta.properties" ]]; then
@@ -51,6 +54,8 @@ if ! running kafka; then
     -Dlog4j2.configurationFile="$STACK_DIR/kafka/log4j2.properties" \
     -cp "$KAFKA_LIBS/*" kafka.Kafka "$props"
 fi
+# The boot this broker's data belongs to (see above).
+echo "$boot_id" >"$STACK_DIR/kafka/boot_id"
 
 # --- etcd
 if ! running etcd; then
@@ -129,7 +134,7 @@ wait_for "node $NODE_NAME to register Ready (log: $LOGS/oxbow-node.log)" 60 node
 sa_ready() { kubectl_admin get serviceaccount default -n default; }
 wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-controller-manager.log)" 60 sa_ready
 
-wait_for "Kafka to answer a metadata request on $KAFKA_BOOTSTRAP (log: $LOGS/kafka.log)" 120 kafka_ready
+wait_for "Kafka to answer a metadata request on $KAFKA_BOOTSTRAP (log: $LOGS/kafka.log)" 240 kafka_ready
 # The SCRAM user of the SASL_SSL listener, with Kafka's own tool (idempotent).
 # One mechanism per request: Kafka refuses to alter a user's credentials twice in one.
 sasl_password=$(cat "$KAFKA_PKI/sasl-password")

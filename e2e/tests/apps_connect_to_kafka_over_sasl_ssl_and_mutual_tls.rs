@@ -14,25 +14,49 @@ use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
     requires_local_stack, stack_var, unique, wait_for,
 };
-use oxbow_e2e::streams::{CountingApp, produce, read_committed};
+use oxbow_e2e::streams::{CountingApp, pod_field, pod_uid, produce, read_committed};
 
 const PARTITIONS: i32 = 2;
 
 /// `kubectl create secret generic <name>` with these literals and files.
 fn create_secret(ns: &str, name: &str, literals: &[(&str, String)], files: &[(&str, String)]) {
+    let args = secret_args(ns, name, literals, files, false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, _, err) = kubectl(&args, None);
+    assert!(ok, "create secret {name}: {err}");
+}
+
+/// Replaces the data of Secret `name` (`kubectl create --dry-run | kubectl apply`).
+fn replace_secret(ns: &str, name: &str, literals: &[(&str, String)], files: &[(&str, String)]) {
+    let args = secret_args(ns, name, literals, files, true);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, yaml, err) = kubectl(&args, None);
+    assert!(ok, "render secret {name}: {err}");
+    let (ok, _, err) = kubectl(&["apply", "-n", ns, "-f", "-"], Some(&yaml));
+    assert!(ok, "replace secret {name}: {err}");
+}
+
+fn secret_args<'a>(
+    ns: &'a str,
+    name: &'a str,
+    literals: &[(&str, String)],
+    files: &[(&str, String)],
+    dry_run: bool,
+) -> Vec<String> {
     let mut args: Vec<String> = ["create", "secret", "generic", name, "-n", ns]
         .iter()
         .map(|s| s.to_string())
         .collect();
+    if dry_run {
+        args.extend(["--dry-run=client", "-o", "yaml"].map(String::from));
+    }
     args.extend(
         literals
             .iter()
             .map(|(k, v)| format!("--from-literal={k}={v}")),
     );
     args.extend(files.iter().map(|(k, f)| format!("--from-file={k}={f}")));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, _, err) = kubectl(&args, None);
-    assert!(ok, "create secret {name}: {err}");
+    args
 }
 
 fn scram(password: &str) -> Vec<(&'static str, String)> {
@@ -60,6 +84,18 @@ async fn apply(ns: &str, bootstrap: &str, secret: &str) -> CountingApp {
 
 /// Ready, then every key counted 1..=3 exactly once in the committed output.
 async fn counts_exactly_once(ns: &str, app: &CountingApp, operator: &OperatorProcess) {
+    counts_up_to(ns, app, operator, 0, 3).await;
+}
+
+/// Ready, then `more` records per key on top of `before`: every key counted
+/// 1..=before+more exactly once in the committed output.
+async fn counts_up_to(
+    ns: &str,
+    app: &CountingApp,
+    operator: &OperatorProcess,
+    before: usize,
+    more: usize,
+) {
     let (ok, out, err) = kubectl(
         &[
             "wait",
@@ -73,9 +109,10 @@ async fn counts_exactly_once(ns: &str, app: &CountingApp, operator: &OperatorPro
     );
     assert!(ok, "not Ready: {out}{err}\n{}", operator.logs());
     let keys: Vec<String> = (0..20).map(|i| format!("user-{i}")).collect();
-    produce(&app.source, &keys, 3, 1);
+    produce(&app.source, &keys, more, 1);
+    let want: Vec<i64> = (1..=(before + more) as i64).collect();
     wait_for(
-        "every key counted 1, 2, 3 once in the committed output",
+        &format!("every key counted {want:?} once in the committed output"),
         Duration::from_secs(90),
         || async {
             let mut seen: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
@@ -84,7 +121,7 @@ async fn counts_exactly_once(ns: &str, app: &CountingApp, operator: &OperatorPro
                     .or_default()
                     .push(v["count"].as_i64().unwrap_or(-1));
             }
-            let exact = seen.len() == keys.len() && seen.values().all(|c| c == &[1, 2, 3]);
+            let exact = seen.len() == keys.len() && seen.values().all(|c| c == &want);
             exact.then_some(()).ok_or_else(|| format!("{seen:?}"))
         },
     )
@@ -141,6 +178,82 @@ async fn an_app_counts_exactly_once_over_mutual_tls() {
     let app = apply(&ns.name, &stack_var("KAFKA_BOOTSTRAP_MTLS"), "kafka-tls").await;
     counts_exactly_once(&ns.name, &app, &operator).await;
     apps::delete_all(&Api::<StreamApp>::namespaced(client, &ns.name)).await;
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn a_changed_secret_replaces_the_operators_client_and_rolls_the_workers() {
+    if requires_local_stack("the secured listeners are the local stack's broker's") {
+        return;
+    }
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "rotate").await;
+    let operator = OperatorProcess::start(&ns.name);
+    let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
+    let ca = [("ssl.ca.pem", stack_var("KAFKA_CA_FILE"))];
+    create_secret(&ns.name, "creds", &scram("an-old-password"), &ca);
+    let app = apply(&ns.name, &stack_var("KAFKA_BOOTSTRAP_SASL_SSL"), "creds").await;
+    wait_for(
+        "the old password to be refused",
+        Duration::from_secs(90),
+        || async {
+            match topics_ready(&api, &app.name).await {
+                Some(c) if c.1 == "KafkaAuthenticationFailed" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    // The password is fixed in the Secret: the operator's cached client must go.
+    replace_secret(
+        &ns.name,
+        "creds",
+        &scram(&stack_var("KAFKA_SASL_PASSWORD")),
+        &ca,
+    );
+    counts_exactly_once(&ns.name, &app, &operator).await;
+    let pod = format!("{}-0", app.name);
+    let first = pod_uid(&ns.name, &pod);
+    // Any change to the Secret restarts the workers, which read it at start.
+    let mut props = scram(&stack_var("KAFKA_SASL_PASSWORD"));
+    props.push(("ssl.endpoint.identification.algorithm", "https".into()));
+    replace_secret(&ns.name, "creds", &props, &ca);
+    let (ok, version, err) = kubectl(
+        &[
+            "get",
+            "secret",
+            "creds",
+            "-n",
+            &ns.name,
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    wait_for(
+        "the worker pod to be replaced, started with the new Secret",
+        Duration::from_secs(120),
+        || async {
+            let uid = pod_uid(&ns.name, &pod);
+            let started_with = pod_field(
+                &ns.name,
+                &pod,
+                r"{.metadata.annotations.oxbow\.dev/kafka-secret-version}",
+            );
+            (!uid.is_empty() && uid != first && started_with == version)
+                .then_some(())
+                .ok_or_else(|| {
+                    format!(
+                        "pod {uid} started with Secret version {started_with:?}, want {version}"
+                    )
+                })
+        },
+    )
+    .await;
+    counts_up_to(&ns.name, &app, &operator, 3, 2).await;
+    apps::delete_all(&api).await;
     ns.delete().await;
 }
 

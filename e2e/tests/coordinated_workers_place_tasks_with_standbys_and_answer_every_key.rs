@@ -3,7 +3,10 @@
 //! entry acknowledging that generation, `kubectl wait --for=condition=Ready` returns, the
 //! output is exact, and every key is answered correctly from every pod (forwarded to its
 //! owner), and from a standby with `allowStale`: the count's store, and the store of a
-//! co-partitioned table, which a standby follows from the table's own topic.
+//! co-partitioned table, which a standby follows from the table's own topic. Only a
+//! caller RBAC lets `get` `streamapps/query` is answered: no token 401, a token without
+//! the right 403, the documented Role 200, also for a key another pod owns (the caller's
+//! token travels with the forwarded query).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,9 +14,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_e2e::harness::{kafka, kubectl, unique, wait_for};
+use oxbow_e2e::harness::{kafka, kubectl, service_account_token, unique, wait_for};
 use oxbow_e2e::streams::{
-    RunningApp, exact_running_counts, http_get, keys, produce, read_committed,
+    RunningApp, exact_running_counts, http_get, http_get_as, keys, produce, read_committed,
 };
 
 #[tokio::test]
@@ -212,6 +215,88 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
         },
     )
     .await;
+
+    // Who may ask: the Role of docs/queries.md, and nobody else.
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: reader}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: stranger}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: query-{name}}}
+rules:
+- {{apiGroups: [oxbow.dev], resources: [streamapps/query], resourceNames: [{name}], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: query-{name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: query-{name}}}
+subjects:
+- {{kind: ServiceAccount, name: reader}}
+"#
+    );
+    let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&rbac));
+    assert!(ok, "rbac: {err}");
+    let reader = service_account_token(n, "reader");
+    let stranger = service_account_token(n, "stranger");
+    // A key that one pod must forward to its owner.
+    let (asked, addr) = &addresses[0];
+    let forwarded = {
+        let mut found = None;
+        for k in &keys {
+            let (_, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
+                .await
+                .expect("query");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            if v["servedBy"] != asked.as_str() {
+                found = Some(k.clone());
+                break;
+            }
+        }
+        found.expect("some key is owned by another pod")
+    };
+    let path = format!("/v1/stores/totals/keys/{forwarded}");
+    for (who, token, want) in [
+        ("no token", None, 401),
+        ("a token without the right", Some(stranger.as_str()), 403),
+        ("a malformed token", Some("not-a-token"), 401),
+    ] {
+        for p in [
+            path.as_str(),
+            "/v1/status",
+            "/v1/stores/totals/range?limit=5",
+        ] {
+            let (code, _, body) = http_get_as(addr, p, token).await.expect("answer");
+            assert_eq!(code, want, "{who} on {p}: {body}");
+            assert!(
+                !body.contains("\"count\""),
+                "{who} on {p} saw state: {body}"
+            );
+        }
+    }
+    // RBAC changes reach the API server at once, the worker's cache within 10 s.
+    let body = wait_for(
+        "the reader to be answered, through the owner of the key",
+        Duration::from_secs(30),
+        || async {
+            let (code, _, body) = http_get_as(addr, &path, Some(&reader)).await?;
+            (code == 200)
+                .then_some(body.clone())
+                .ok_or(format!("{code} {body}"))
+        },
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["value"]["count"], 50, "{body}");
+    assert_ne!(v["servedBy"], asked.as_str(), "not forwarded: {body}");
+    let (code, _, body) = http_get_as(addr, "/healthz", None).await.expect("healthz");
+    assert_eq!(code, 200, "the kubelet's probe needs no token: {body}");
 
     run.finish().await;
 }

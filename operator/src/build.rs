@@ -26,6 +26,8 @@ pub const STATE_VOLUME: &str = "state";
 /// Where the Secret of `spec.kafka.secretRef` is mounted: one file per librdkafka property.
 pub const KAFKA_SECRET_MOUNT: &str = "/etc/oxbow/kafka-secret";
 pub const CONFIG_HASH_ANNOTATION: &str = "oxbow.dev/config-hash";
+/// The resourceVersion of the Secret of `spec.kafka.secretRef` the pods were started with.
+pub const KAFKA_SECRET_VERSION_ANNOTATION: &str = "oxbow.dev/kafka-secret-version";
 /// Label on every child; `prune` finds leftovers by it.
 pub const APP_LABEL: &str = "oxbow.dev/streamapp";
 /// Tells a worker to run the tasks the operator assigns in this ConfigMap (coordinated
@@ -254,7 +256,13 @@ pub fn assignment_config_map(app: &StreamApp, a: &Assignment) -> Result<ConfigMa
 /// Every child but the assignment ConfigMap. `replicas` is the StatefulSet's size: the
 /// spec's, or more while pods above it still hand their tasks over (see
 /// `placement::stateful_set_replicas`).
-pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Children, BuildError> {
+/// `kafka_secret_version`: the resourceVersion of the Secret of `spec.kafka.secretRef`.
+pub fn build(
+    app: &StreamApp,
+    cx: &BuildContext,
+    replicas: i32,
+    kafka_secret_version: Option<&str>,
+) -> Result<Children, BuildError> {
     let name = app.name_any();
     let ns = app
         .namespace()
@@ -326,6 +334,12 @@ pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Childr
     pod_labels.extend(labels.clone());
     let mut pod_annotations = overrides.annotations.clone();
     pod_annotations.insert(CONFIG_HASH_ANNOTATION.into(), hash);
+    // The worker reads the mounted Secret once, at start: a changed Secret rolls it.
+    // The resourceVersion, not a digest of the content: a digest of a short password in
+    // a pod's annotations could be brute-forced by anyone who may read pods.
+    if let Some(v) = kafka_secret_version {
+        pod_annotations.insert(KAFKA_SECRET_VERSION_ANNOTATION.into(), v.to_string());
+    }
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     let mut env = vec![
         json!({"name": "POD_NAME", "valueFrom": field("metadata.name")}),
@@ -381,7 +395,8 @@ pub fn build(app: &StreamApp, cx: &BuildContext, replicas: i32) -> Result<Childr
     }
     let mut pod_spec = json!({
         "serviceAccountName": sa_name,
-        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": overrides.termination_grace_period_seconds.unwrap_or(60),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": app.config_map_name()}}],
@@ -504,7 +519,7 @@ spec:
     }
 
     fn hash_at(a: &StreamApp, replicas: i32) -> String {
-        let c = build(a, &cx(), replicas).expect("builds");
+        let c = build(a, &cx(), replicas, None).expect("builds");
         c.stateful_set
             .spec
             .and_then(|s| s.template.metadata)
@@ -525,7 +540,7 @@ spec:
         let a = app(
             "  storage: {size: 5Gi, storageClassName: fast}\n  deletionPolicy: {volumes: Delete}\n",
         );
-        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
         let sts = serde_json::to_value(&c.stateful_set).expect("json");
         let spec = &sts["spec"];
         assert_eq!(spec["replicas"], 3);
@@ -604,7 +619,7 @@ spec:
         a.spec.kafka.secret_ref = Some(oxbow_crds::SecretRef {
             name: "kafka-creds".into(),
         });
-        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
         let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
         assert!(
             t["spec"]["volumes"]
@@ -631,8 +646,30 @@ spec:
     }
 
     #[test]
+    fn a_changed_kafka_secret_rolls_the_workers_without_its_content_in_the_pods() {
+        let a = app("");
+        let annotations = |version| {
+            build(&a, &cx(), 3, version)
+                .expect("builds")
+                .stateful_set
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .unwrap_or_default()
+        };
+        let v1 = annotations(Some("101"));
+        assert_eq!(v1[KAFKA_SECRET_VERSION_ANNOTATION], "101");
+        assert_ne!(
+            v1,
+            annotations(Some("102")),
+            "a new Secret version must roll the pods"
+        );
+        assert!(!annotations(None).contains_key(KAFKA_SECRET_VERSION_ANNOTATION));
+    }
+
+    #[test]
     fn worker_role_is_limited_to_its_own_objects() {
-        let c = build(&app(""), &cx(), 3).expect("builds");
+        let c = build(&app(""), &cx(), 3, None).expect("builds");
         let rules = serde_json::to_value(&c.role.rules).expect("json");
         assert_eq!(rules[0]["resourceNames"], json!(["fraud"]));
         assert_eq!(rules[1]["resources"], json!(["streamapps/status"]));
@@ -657,7 +694,7 @@ spec:
         let a = app(
             "  podTemplate:\n    labels: {team: risk}\n    nodeSelector: {disk: ssd}\n    env: [{name: EXTRA, value: x}]\n",
         );
-        let c = build(&a, &cx(), a.spec.replicas).expect("builds");
+        let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
         let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
         assert_eq!(t["metadata"]["labels"]["team"], "risk");
         assert_eq!(
@@ -688,7 +725,7 @@ spec:
     }
 
     fn args(a: &StreamApp) -> Vec<String> {
-        let c = build(a, &cx(), a.spec.replicas).expect("builds");
+        let c = build(a, &cx(), a.spec.replicas, None).expect("builds");
         let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
         t["spec"]["containers"][0]["args"]
             .as_array()
@@ -766,7 +803,7 @@ spec:
     #[test]
     fn the_statefulset_size_is_the_one_passed_in_while_pods_drain() {
         let a = app("");
-        let c = build(&a, &cx(), 5).expect("builds");
+        let c = build(&a, &cx(), 5, None).expect("builds");
         assert_eq!(c.stateful_set.spec.and_then(|s| s.replicas), Some(5));
         assert_eq!(hash(&a), hash_at(&a, 5), "a drain does not roll the pods");
     }
@@ -802,7 +839,7 @@ spec:
     fn a_network_policy_admits_the_query_port_only_from_own_pods_and_labelled_clients() {
         let a = app("");
         assert!(
-            build(&a, &cx(), 3)
+            build(&a, &cx(), 3, None)
                 .expect("builds")
                 .network_policy
                 .is_none(),
@@ -812,7 +849,7 @@ spec:
             query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
             ..cx()
         };
-        let np = build(&a, &cx, 3)
+        let np = build(&a, &cx, 3, None)
             .expect("builds")
             .network_policy
             .expect("a policy");

@@ -5,6 +5,7 @@
 mod claim;
 mod cleanup;
 mod internal_topics;
+mod pod_creation;
 mod reset;
 
 use std::collections::{BTreeMap, HashMap};
@@ -107,6 +108,11 @@ pub enum Error {
     Finalizer(String),
     #[error("failed to remove the oxbow.dev/reset annotation: {0}")]
     ResetAnnotation(#[source] kube::Error),
+    /// No client is built from a configuration that would load code or read files.
+    #[error("{}", refused.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; "))]
+    RefusedProperties {
+        refused: Vec<oxbow_crds::kafka_properties::Refused>,
+    },
 }
 
 impl Error {
@@ -127,6 +133,7 @@ impl Error {
             Error::Cleanup(_) => "Cleanup",
             Error::Finalizer(_) => "Finalizer",
             Error::ResetAnnotation(_) => "ResetAnnotation",
+            Error::RefusedProperties { .. } => "RefusedProperties",
         }
     }
 }
@@ -186,8 +193,16 @@ impl Context {
         secret: &BTreeMap<String, String>,
     ) -> Result<Arc<Cluster>, Error> {
         let k = &app.spec.kafka;
+        let secret_name = k.secret_ref.as_ref().map(|r| r.name.as_str());
+        let refused =
+            oxbow_crds::kafka_properties::refused(&k.properties, secret, secret_name.unwrap_or(""));
+        if !refused.is_empty() {
+            return Err(Error::RefusedProperties { refused });
+        }
         let mut properties = k.properties.clone();
         properties.extend(secret.clone());
+        // librdkafka quotes a refused value in its error: remember the secrets first.
+        oxbow_crds::redact::Redactor::new(&properties, secret.keys()).remember();
         let key = format!("{}|{:?}", k.bootstrap_servers, properties);
         let mut clusters = self.clusters.lock().unwrap_or_else(|e| e.into_inner());
         clusters.get(&app_key(app), &key, || {
@@ -215,7 +230,7 @@ impl Context {
         let ev = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(oxbow_crds::redact::scrub(&note)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -446,6 +461,7 @@ fn workload_facts(
     sts: Option<&StatefulSet>,
     sts_replicas: i32,
     pods: &[placement::PodObservation],
+    create_failure: Option<String>,
 ) -> WorkloadFacts {
     let draining = (sts_replicas - app.spec.replicas).max(0);
     // The StatefulSet's status may still count a pod it is removing as ready.
@@ -474,17 +490,24 @@ fn workload_facts(
         rolled_out: generation_seen && revisions_match && spec_replicas == sts_replicas,
         draining,
         stopping,
+        create_failure,
     }
 }
 
-/// The librdkafka properties in the Secret of `spec.kafka.secretRef` (empty without one).
-/// `Ok(None)`: the Secret does not exist.
-async fn kafka_secret(
-    app: &StreamApp,
-    ctx: &Context,
-) -> Result<Option<BTreeMap<String, String>>, Error> {
+/// The Secret of `spec.kafka.secretRef`, read.
+#[derive(Debug, Clone, Default)]
+pub struct KafkaSecret {
+    /// Its librdkafka properties (empty without a Secret).
+    pub properties: BTreeMap<String, String>,
+    /// Its resourceVersion: a change rolls the worker pods, which read it at start.
+    pub version: Option<String>,
+}
+
+/// The Secret of `spec.kafka.secretRef` (empty without one). `Ok(None)`: the Secret
+/// does not exist.
+async fn kafka_secret(app: &StreamApp, ctx: &Context) -> Result<Option<KafkaSecret>, Error> {
     let Some(r) = &app.spec.kafka.secret_ref else {
-        return Ok(Some(BTreeMap::new()));
+        return Ok(Some(KafkaSecret::default()));
     };
     let api: Api<Secret> =
         Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
@@ -496,11 +519,17 @@ async fn kafka_secret(
             source,
         })?;
     Ok(secret.map(|s| {
-        s.data
+        let properties: BTreeMap<String, String> = s
+            .data
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).trim_end().to_string()))
-            .collect()
+            .collect();
+        oxbow_crds::redact::Redactor::new(&properties, properties.keys()).remember();
+        KafkaSecret {
+            properties,
+            version: s.metadata.resource_version,
+        }
     }))
 }
 
@@ -527,13 +556,15 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let secret = kafka_secret(app, ctx).await?;
     let mut source_problem = None;
     // A client config librdkafka refuses (a misspelt property) is a spec problem.
-    let cluster = match ctx.cluster(app, secret.as_ref().unwrap_or(&BTreeMap::new())) {
+    let no_secret = KafkaSecret::default();
+    let cluster = match ctx.cluster(app, &secret.as_ref().unwrap_or(&no_secret).properties) {
         Ok(c) => Some(c),
         Err(e) => {
-            source_problem = Some(Verdict::stalled(
-                reason::INVALID_KAFKA_PROPERTIES,
-                e.to_string(),
-            ));
+            let reason = match e {
+                Error::RefusedProperties { .. } => reason::KAFKA_PROPERTY_REFUSED,
+                _ => reason::INVALID_KAFKA_PROPERTIES,
+            };
+            source_problem = Some(Verdict::stalled(reason, e.to_string()));
             None
         }
     };
@@ -812,12 +843,14 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let mut in_force = published.clone();
     if invalid.is_none() && source_problem.is_none() && owned && !topics_verdict.stalled {
         let to_publish = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment);
-        let built = build::build(app, &ctx.build, sts_replicas).and_then(|children| {
-            let cm = to_publish
-                .map(|a| build::assignment_config_map(app, a))
-                .transpose()?;
-            Ok((children, cm))
-        });
+        let secret_version = secret.as_ref().and_then(|s| s.version.as_deref());
+        let built =
+            build::build(app, &ctx.build, sts_replicas, secret_version).and_then(|children| {
+                let cm = to_publish
+                    .map(|a| build::assignment_config_map(app, a))
+                    .transpose()?;
+                Ok((children, cm))
+            });
         let applied = match built {
             Ok((children, cm)) => apply_children(app, &ns, &children, cm.as_ref(), ctx).await,
             Err(e) => Err(e.into()),
@@ -896,7 +929,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     } else {
         sts
     };
-    let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed);
+    let create_failure = pod_creation::failure(&ctx.client, sts.as_ref()).await?;
+    let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed, create_failure);
     let live: Vec<&str> = observed
         .iter()
         .filter(|p| !p.terminating)
@@ -1064,7 +1098,9 @@ async fn write_status(
     if let Some(o) = st.as_object_mut() {
         o.remove("instances");
     }
-    let patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
+    let mut patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
+    // Conditions quote Kafka's errors, which may quote a secret.
+    oxbow_crds::redact::scrub_json(&mut patch);
     api.patch_status(
         &app.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),

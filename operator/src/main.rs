@@ -115,12 +115,18 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,kube_runtime=warn,kube_client=warn".into());
+    // Every line is scrubbed of the secrets of the Kafka clients built so far.
+    let writer = || oxbow_crds::redact::ScrubbingWriter::new(std::io::stdout());
     if args.log_format == "text" {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(writer)
+            .init();
     } else {
         tracing_subscriber::fmt()
             .json()
             .with_env_filter(filter)
+            .with_writer(writer)
             .init();
     }
     let client = kube::Client::try_default()

@@ -85,6 +85,7 @@ pub mod reason {
         JOIN_STREAM_MISSING = "JoinStreamMissing" on [super::TOPICS_READY];
         KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
         INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
+        KAFKA_PROPERTY_REFUSED = "KafkaPropertyRefused" on [super::READY, super::STALLED, super::TOPICS_READY];
         KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
         KAFKA_AUTHENTICATION_FAILED = "KafkaAuthenticationFailed" on [super::TOPICS_READY];
         KAFKA_TLS_FAILED = "KafkaTlsFailed" on [super::TOPICS_READY];
@@ -99,6 +100,7 @@ pub mod reason {
         SCALED_TO_ZERO = "ScaledToZero" on [super::TASKS_ASSIGNED, super::WORKLOAD_READY];
         ALL_WORKERS_READY = "AllWorkersReady" on [super::WORKLOAD_READY];
         STATEFUL_SET_MISSING = "StatefulSetMissing" on [super::WORKLOAD_READY];
+        POD_CREATION_FAILED = "PodCreationFailed" on [super::WORKLOAD_READY];
         DRAINING = "Draining" on [super::WORKLOAD_READY];
         SCALING_IN = "ScalingIn" on [super::WORKLOAD_READY];
         ROLLING_UPDATE = "RollingUpdate" on [super::WORKLOAD_READY];
@@ -127,6 +129,7 @@ pub mod reason {
             ValidationError::InvalidExpression { .. } => INVALID_EXPRESSION,
             ValidationError::ExpressionTooCostly { .. } => EXPRESSION_TOO_COSTLY,
             ValidationError::InvalidDuration { .. } => INVALID_DURATION,
+            ValidationError::RefusedProperty { .. } => KAFKA_PROPERTY_REFUSED,
             ValidationError::DuplicateStore { .. } => DUPLICATE_STORE,
             ValidationError::UnusedStoreSettings { .. } => UNUSED_STORE_SETTINGS,
             ValidationError::SourceTopicsMissing { .. } => SOURCE_TOPICS_MISSING,
@@ -204,6 +207,9 @@ pub struct WorkloadFacts {
     pub draining: i32,
     /// Pods above the StatefulSet's size that still exist (stopping after a scale-in).
     pub stopping: i32,
+    /// Why the StatefulSet controller cannot create a missing pod (its latest
+    /// `FailedCreate` event: a quota, Pod Security admission).
+    pub create_failure: Option<String>,
 }
 
 pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
@@ -217,6 +223,17 @@ pub fn workload_verdict(w: &WorkloadFacts) -> Verdict {
         return Verdict::ok(
             reason::SCALED_TO_ZERO,
             "replicas is 0: no worker runs, state is kept",
+        );
+    }
+    if let Some(why) = &w.create_failure
+        && w.replicas < w.want_replicas
+    {
+        return Verdict::stalled(
+            reason::POD_CREATION_FAILED,
+            format!(
+                "{}/{} worker pods exist: the StatefulSet controller cannot create the others: {why}",
+                w.replicas, w.want_replicas
+            ),
         );
     }
     if w.draining > 0 {
@@ -692,6 +709,7 @@ mod tests {
             rolled_out: true,
             draining: 0,
             stopping: 0,
+            create_failure: None,
         });
         let (cs, phase) = conditions(&input(&[], Verdict::ok(reason::TOPICS_READY, ""), w));
         assert_eq!(get(&cs, READY).status, "False");
@@ -943,6 +961,29 @@ mod tests {
     }
 
     #[test]
+    fn pods_the_statefulset_controller_cannot_create_stall_the_app_with_its_message() {
+        let facts = WorkloadFacts {
+            exists: true,
+            want_replicas: 3,
+            replicas: 1,
+            ready_replicas: 1,
+            create_failure: Some("exceeded quota: q, requested: pods=1".into()),
+            ..Default::default()
+        };
+        let w = workload_verdict(&facts);
+        assert_eq!((w.reason.as_str(), w.stalled), ("PodCreationFailed", true));
+        assert_eq!(
+            w.message,
+            "1/3 worker pods exist: the StatefulSet controller cannot create the others: exceeded quota: q, requested: pods=1"
+        );
+        let all_there = WorkloadFacts {
+            replicas: 3,
+            ..facts
+        };
+        assert_ne!(workload_verdict(&all_there).reason, "PodCreationFailed");
+    }
+
+    #[test]
     fn a_scale_in_that_waits_for_warm_up_says_so() {
         let w = workload_verdict(&WorkloadFacts {
             exists: true,
@@ -953,6 +994,7 @@ mod tests {
             rolled_out: true,
             draining: 2,
             stopping: 0,
+            create_failure: None,
         });
         assert_eq!(w.reason, "Draining");
         assert!(!w.ok && !w.stalled);
@@ -970,6 +1012,7 @@ mod tests {
             rolled_out: true,
             draining: 0,
             stopping: 1,
+            create_failure: None,
         });
         assert_eq!(
             (w.reason.as_str(), w.ok),

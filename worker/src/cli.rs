@@ -94,7 +94,8 @@ pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode 
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,librdkafka=warn".into()),
         )
-        .with_writer(std::io::stderr)
+        // Every line is scrubbed of the secrets of the app's Kafka configuration.
+        .with_writer(|| oxbow_crds::redact::ScrubbingWriter::new(std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -108,7 +109,7 @@ pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode 
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", oxbow_crds::redact::scrub(&format!("{e:#}")));
             std::process::ExitCode::FAILURE
         }
     }

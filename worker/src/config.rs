@@ -35,6 +35,10 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{}", refused.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; "))]
+    RefusedProperties {
+        refused: Vec<oxbow_crds::kafka_properties::Refused>,
+    },
 }
 
 /// A loaded, validated app with its compiled topology.
@@ -110,7 +114,15 @@ impl App {
         let manifest = parse_manifest(path, &text)?;
         let mut kafka = manifest.spec.kafka.properties.clone();
         if let Some(dir) = secret_dir {
-            kafka.extend(read_secret_dir(dir)?);
+            let secret = read_secret_dir(dir)?;
+            // Before anything can quote them: every value of the Secret is secret.
+            oxbow_crds::redact::Redactor::new(&secret, secret.keys()).remember();
+            let name = format!("mounted at {}", dir.display());
+            let refused = oxbow_crds::kafka_properties::refused(&BTreeMap::new(), &secret, &name);
+            if !refused.is_empty() {
+                return Err(ConfigError::RefusedProperties { refused });
+            }
+            kafka.extend(secret);
         }
         Self::from_manifest(manifest, kafka)
     }
@@ -119,6 +131,7 @@ impl App {
         manifest: StreamApp,
         kafka: BTreeMap<String, String>,
     ) -> Result<Self, ConfigError> {
+        oxbow_crds::redact::Redactor::new(&kafka, []).remember();
         let errors = oxbow_crds::validate::validate_app(&manifest);
         if !errors.is_empty() {
             return Err(ConfigError::Invalid {
@@ -316,6 +329,35 @@ spec:
         assert!(
             err.to_string().contains("spec.steps[0].filter.cel"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_mounted_secret_that_would_load_a_plugin_is_refused_before_any_client_exists() {
+        let dir = std::env::temp_dir().join(format!("oxbow-secret-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("secret")).expect("dir");
+        std::fs::write(dir.join("secret/plugin.library.paths"), "/tmp/evil.so").expect("file");
+        std::fs::write(dir.join("secret/sasl.password"), "pw-sentinel-42").expect("file");
+        let manifest = dir.join("app.yaml");
+        std::fs::write(
+            &manifest,
+            "apiVersion: oxbow.dev/v1alpha1\nkind: StreamApp\nmetadata: {name: t}\nspec:\n  kafka: {bootstrapServers: \"127.0.0.1:1\"}\n  source: {topics: [in]}\n",
+        )
+        .expect("manifest");
+        let err = match App::load(&manifest, Some(&dir.join("secret"))) {
+            Ok(_) => "loaded".to_string(),
+            Err(e) => e.to_string(),
+        };
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(
+            err.starts_with(r#"key "plugin.library.paths" of Secret mounted at "#)
+                && err.contains("loads a shared library"),
+            "{err}"
+        );
+        assert_eq!(
+            oxbow_crds::redact::scrub("login failed for pw-sentinel-42"),
+            "login failed for [redacted]",
+            "the mounted Secret's values are not remembered as secret"
         );
     }
 

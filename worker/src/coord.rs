@@ -410,7 +410,7 @@ impl Notices {
             let ev = kube::runtime::events::Event {
                 type_: kube::runtime::events::EventType::Warning,
                 reason,
-                note: Some(note),
+                note: Some(oxbow_crds::redact::scrub(&note)),
                 action: "OpenState".into(),
                 secondary: None,
             };
@@ -438,12 +438,14 @@ pub async fn write_entry(
     mut entry: InstanceStatus,
 ) -> Result<(), CoordError> {
     entry.updated_at = Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    let patch = serde_json::json!({
+    let mut patch = serde_json::json!({
         "apiVersion": "oxbow.dev/v1alpha1",
         "kind": "StreamApp",
         "metadata": {"name": cfg.app},
         "status": {"instances": [serde_json::to_value(&entry).map_err(CoordError::Encode)?]},
     });
+    // lastError may quote Kafka's errors, which may quote a secret.
+    oxbow_crds::redact::scrub_json(&mut patch);
     api.patch_status(
         &cfg.app,
         &PatchParams::apply(&format!("oxbow-worker-{}", cfg.pod)).force(),

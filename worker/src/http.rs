@@ -2,7 +2,8 @@
 //! (every active task restored and running), `/metrics` (Prometheus), `/v1/status`, and
 //! the interactive queries under `/v1/stores` (see [`crate::query`] and
 //! `docs/queries.md`). Read-only views of [`Shared`] and the stores; this module never
-//! touches Kafka.
+//! touches Kafka. `/v1/...` serves only callers [`Access`] lets in; the probes and the
+//! metrics (no secrets, no state) stay open for the kubelet and Prometheus.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,14 +12,51 @@ use std::sync::Arc;
 use warp::Filter;
 use warp::http::StatusCode;
 
-use crate::query::{Answer, Catalog, HOP_HEADER, Queries};
+use crate::auth::Access;
+use crate::query::{AUTHORIZATION, Answer, Catalog, HOP_HEADER, Queries};
 use crate::status::Shared;
+
+/// A request [`Access`] turned away, with its status and message.
+#[derive(Debug)]
+struct Refused(u16, String);
+
+impl warp::reject::Reject for Refused {}
+
+/// Passes the request's `Authorization` header on when [`Access`] lets it in.
+fn allowed(
+    access: Arc<Access>,
+) -> impl Filter<Extract = (Option<String>,), Error = warp::Rejection> + Clone {
+    warp::header::optional::<String>("authorization").and_then(move |h: Option<String>| {
+        let access = access.clone();
+        async move {
+            let verdict = access.check(h.as_deref()).await;
+            let (ns, app) = access.target();
+            match verdict.refusal(ns, app) {
+                None => Ok(h),
+                Some((code, message)) => Err(warp::reject::custom(Refused(code, message))),
+            }
+        }
+    })
+}
+
+async fn refused(r: warp::Rejection) -> Result<warp::http::Response<String>, warp::Rejection> {
+    match r.find::<Refused>() {
+        Some(Refused(code, message)) => Ok(reply(Answer {
+            status: *code,
+            body: serde_json::json!({ "error": message }),
+            retry_after: None,
+        })),
+        None => Err(r),
+    }
+}
 
 pub fn routes(
     shared: Arc<Shared>,
     catalog: Catalog,
+    access: Arc<Access>,
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = warp::Rejection> + Clone {
     let queries = Arc::new(Queries::new(shared.clone(), catalog));
+    let auth = move || allowed(access.clone());
     let s1 = shared.clone();
     let s2 = shared.clone();
     let s3 = shared;
@@ -75,67 +113,81 @@ pub fn routes(
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )
     });
-    let status = warp::path!("v1" / "status").map(move || match s3.snapshot() {
-        Some(s) => warp::reply::with_status(warp::reply::json(&s), StatusCode::OK),
-        None => warp::reply::with_status(
-            warp::reply::json(&serde_json::json!({"error": "engine state poisoned"})),
-            StatusCode::INTERNAL_SERVER_ERROR,
-        ),
-    });
+    let status = warp::path!("v1" / "status")
+        .and(auth())
+        .map(move |_| match s3.snapshot() {
+            Some(s) => warp::reply::with_status(warp::reply::json(&s), StatusCode::OK),
+            None => warp::reply::with_status(
+                warp::reply::json(&serde_json::json!({"error": "engine state poisoned"})),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        });
     let with = move || {
         let q = queries.clone();
         warp::any().map(move || q.clone())
     };
     let params = || warp::query::<HashMap<String, String>>();
     let hop = || warp::header::optional::<String>(HOP_HEADER);
+    // A forwarded query carries the caller's token on (see `query::AUTHORIZATION`), so
+    // the pod that answers checks the caller, not the forwarder.
     let key = warp::path!("v1" / "stores" / String / "keys" / String)
+        .and(auth())
         .and(params())
         .and(hop())
         .and(with())
         .then(
             |store: String,
              key: String,
+             token: Option<String>,
              q: HashMap<String, String>,
              hop: Option<String>,
              s: Arc<Queries>| async move {
-                reply(s.key(&store, &key, &q, false, hop.is_some()).await)
+                let answer = s.key(&store, &key, &q, false, hop.is_some());
+                reply(AUTHORIZATION.scope(token, answer).await)
             },
         );
     let windows = warp::path!("v1" / "stores" / String / "keys" / String / "windows")
+        .and(auth())
         .and(params())
         .and(hop())
         .and(with())
         .then(
             |store: String,
              key: String,
+             token: Option<String>,
              q: HashMap<String, String>,
              hop: Option<String>,
              s: Arc<Queries>| async move {
-                reply(s.key(&store, &key, &q, true, hop.is_some()).await)
+                let answer = s.key(&store, &key, &q, true, hop.is_some());
+                reply(AUTHORIZATION.scope(token, answer).await)
             },
         );
-    let range =
-        warp::path!("v1" / "stores" / String / "range")
-            .and(params())
-            .and(hop())
-            .and(with())
-            .then(
-                |store: String,
-                 q: HashMap<String, String>,
-                 hop: Option<String>,
-                 s: Arc<Queries>| async move {
-                    reply(s.range(&store, &q, hop.is_some()).await)
-                },
-            );
-    warp::get().and(
-        healthz
-            .or(readyz)
-            .or(metrics)
-            .or(status)
-            .or(key)
-            .or(windows)
-            .or(range),
-    )
+    let range = warp::path!("v1" / "stores" / String / "range")
+        .and(auth())
+        .and(params())
+        .and(hop())
+        .and(with())
+        .then(
+            |store: String,
+             token: Option<String>,
+             q: HashMap<String, String>,
+             hop: Option<String>,
+             s: Arc<Queries>| async move {
+                let answer = s.range(&store, &q, hop.is_some());
+                reply(AUTHORIZATION.scope(token, answer).await)
+            },
+        );
+    warp::get()
+        .and(
+            healthz
+                .or(readyz)
+                .or(metrics)
+                .or(status)
+                .or(key)
+                .or(windows)
+                .or(range),
+        )
+        .recover(refused)
 }
 
 /// A query answer as HTTP: its status, the JSON body, and `Retry-After` when set.
@@ -155,6 +207,8 @@ fn reply(a: Answer) -> warp::http::Response<String> {
 }
 
 /// Serves until the process exits.
-pub async fn serve(addr: SocketAddr, shared: Arc<Shared>, catalog: Catalog) {
-    warp::serve(routes(shared, catalog)).run(addr).await;
+pub async fn serve(addr: SocketAddr, shared: Arc<Shared>, catalog: Catalog, access: Access) {
+    warp::serve(routes(shared, catalog, Arc::new(access)))
+        .run(addr)
+        .await;
 }

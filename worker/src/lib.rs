@@ -11,6 +11,7 @@
 //! [`run`] is what the binary calls; a custom worker calls [`run_with`] with its own
 //! processors appended to the built-in steps.
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod coord;
@@ -65,10 +66,16 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         .enable_all()
         .build()?;
     if let Some(addr) = listen {
+        // A pod of a StreamApp serves its state only to callers RBAC lets query it.
+        let access = match &opts.coordination {
+            Some(c) => auth::Access::kubernetes(&c.namespace, &c.app),
+            None => auth::Access::Open,
+        };
         rt.spawn(http::serve(
             addr,
             shared.clone(),
             query::Catalog::from_app(&app),
+            access,
         ));
     }
     if let Some(cfg) = opts.coordination.clone() {
@@ -77,7 +84,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             // Without the operator's word the worker runs nothing; say why loudly.
             if let Err(e) = coord::run(cfg, shared.clone()).await {
                 tracing::error!(error = %e, "coordination stopped: no assignment changes will be applied");
-                shared.update(|s| s.last_error = Some(e.to_string()));
+                shared.update(|s| s.last_error = Some(oxbow_crds::redact::scrub(&e.to_string())));
             }
         });
     }
@@ -119,7 +126,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
     if let Err(e) = &result {
         shared.update(|s| {
             s.state = "Failed".into();
-            s.last_error = Some(e.to_string());
+            s.last_error = Some(oxbow_crds::redact::scrub(&e.to_string()));
         });
     }
     if let Some(cfg) = &opts_coordination {

@@ -53,7 +53,9 @@ async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, String> {
         .await
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
-    let cluster = ctx.cluster(app, &secret).map_err(|e| e.to_string())?;
+    let cluster = ctx
+        .cluster(app, &secret.properties)
+        .map_err(|e| e.to_string())?;
     cluster
         .ensure_claims_topic()
         .await

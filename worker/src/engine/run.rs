@@ -318,7 +318,7 @@ impl Engine {
                 let _ = self.consumer.pause(&self.source_tpl(id));
                 self.shared.task(id, |t| {
                     t.state = TaskState::Failed;
-                    t.last_error = Some(m.clone());
+                    t.last_error = Some(oxbow_crds::redact::scrub(m));
                 });
                 let _ = topic;
             }

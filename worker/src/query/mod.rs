@@ -39,6 +39,13 @@ pub use wire::{Answer, ErrorBody, LocalRange, RangeEntry};
 /// Set on a forwarded query (value: the forwarding pod): the receiver answers from what
 /// it holds and never forwards again.
 pub const HOP_HEADER: &str = "x-oxbow-forwarded-by";
+
+tokio::task_local! {
+    /// The `Authorization` header of the request being answered. A query forwarded to
+    /// another pod carries it on, so that pod checks the caller too (a pod's own
+    /// identity never stands in for a caller's).
+    pub static AUTHORIZATION: Option<String>;
+}
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 10_000;
 /// Default bound for `?allowStale=true`: changelog records a standby may be behind.

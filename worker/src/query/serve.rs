@@ -421,7 +421,11 @@ impl Queries {
             Ok(c) => c,
             Err(e) => return Answer::error(503, e.clone(), context),
         };
-        let resp = match client.get(url).header(HOP_HEADER, me).send().await {
+        let mut request = client.get(url).header(HOP_HEADER, me);
+        if let Ok(Some(token)) = super::AUTHORIZATION.try_with(|t| t.clone()) {
+            request = request.header(reqwest::header::AUTHORIZATION, token);
+        }
+        let resp = match request.send().await {
             Ok(r) => r,
             Err(e) => {
                 return Answer::error(503, format!("failed to reach {pod} ({url}): {e}"), context);

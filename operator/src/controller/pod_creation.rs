@@ -1,0 +1,108 @@
+//! Why the StatefulSet controller cannot create the app's worker pods (a ResourceQuota,
+//! Pod Security admission, a webhook). The StatefulSet's status does not say; the
+//! controller records each refusal as a `FailedCreate` event on the StatefulSet, with the
+//! API server's message. This step reads those events, only while pods are missing, and
+//! picks the message the app's conditions then carry.
+//!
+//! Reads events; writes nothing.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use super::Error;
+
+/// A refusal older than this is taken as resolved: the controller retries with back-off
+/// (at most about 17 minutes apart, but it records each retry as the same event with a
+/// new `lastTimestamp`), so a refusal that still holds is seen again well within this.
+const RECENT: Duration = Duration::from_secs(20 * 60);
+
+/// The newest recent `FailedCreate` message of the app's StatefulSet, when it has fewer
+/// pods than it wants.
+pub async fn failure(
+    client: &kube::Client,
+    sts: Option<&StatefulSet>,
+) -> Result<Option<String>, Error> {
+    let Some(sts) = sts else {
+        return Ok(None);
+    };
+    let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let have = sts.status.as_ref().map_or(0, |s| s.replicas);
+    if have >= want {
+        return Ok(None);
+    }
+    let api: Api<Event> = Api::namespaced(client.clone(), &sts.namespace().unwrap_or_default());
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
+        sts.name_any()
+    ));
+    let events = api.list(&lp).await.map_err(|source| Error::ReadCluster {
+        what: format!("events of StatefulSet {}", sts.name_any()),
+        source,
+    })?;
+    let uid = sts.metadata.uid.as_deref();
+    Ok(newest_recent(&events.items, uid, Timestamp::now()))
+}
+
+/// The message of the newest event about the StatefulSet `uid` seen within [`RECENT`]
+/// of `now` (pure).
+pub fn newest_recent(events: &[Event], uid: Option<&str>, now: Timestamp) -> Option<String> {
+    let seen = |e: &Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+            .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    events
+        .iter()
+        // A StatefulSet of the same name deleted and created again has another uid.
+        .filter(|e| uid.is_none() || e.involved_object.uid.as_deref() == uid)
+        .filter_map(|e| Some((seen(e)?, e)))
+        .filter(|(t, _)| now.duration_since(*t).unsigned_abs() <= RECENT)
+        .max_by_key(|(t, _)| *t)
+        .and_then(|(_, e)| e.message.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn event(uid: &str, at: Timestamp, message: &str) -> Event {
+        Event {
+            involved_object: k8s_openapi::api::core::v1::ObjectReference {
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            last_timestamp: Some(Time(at)),
+            message: Some(message.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_newest_recent_refusal_of_this_statefulset_is_the_one_shown() {
+        let now: Timestamp = "2026-12-03T12:00:00Z".parse().expect("time");
+        let ago = |s: i64| now - k8s_openapi::jiff::SignedDuration::from_secs(s);
+        let events = [
+            event("sts-1", ago(120), "exceeded quota: old"),
+            event(
+                "sts-1",
+                ago(10),
+                "exceeded quota: pods=1, used: pods=1, limited: pods=1",
+            ),
+            event("sts-0", ago(5), "an earlier StatefulSet of the same name"),
+            event("sts-1", ago(3 * 3600), "long resolved"),
+        ];
+        assert_eq!(
+            newest_recent(&events, Some("sts-1"), now).as_deref(),
+            Some("exceeded quota: pods=1, used: pods=1, limited: pods=1")
+        );
+        assert_eq!(newest_recent(&events[3..], Some("sts-1"), now), None);
+    }
+}

@@ -1,0 +1,228 @@
+//! Who may read this app's state over HTTP (`/v1/status` and `/v1/stores/...`): a caller
+//! whose Kubernetes bearer token the API server accepts and whose identity may `get` the
+//! subresource `streamapps/query` of this StreamApp.
+//!
+//! The worker asks the API server with the caller's own token (a
+//! SelfSubjectAccessReview, which every authenticated identity may create): an invalid
+//! or expired token is refused by the API server (401), a valid one is answered allowed
+//! or not (403). So the worker needs no right of its own to review tokens or other
+//! users' access (no cluster-wide `tokenreviews`/`subjectaccessreviews`), and the
+//! answer is the API server's RBAC, audit log included. Answers are cached for a few
+//! seconds by a digest of the token, so a burst of queries costs one review.
+//!
+//! Owns: the check and its cache. Must not touch: what the endpoints answer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use sha2::{Digest, Sha256};
+
+/// How long an answer stands. A revoked right or token works at most this much longer.
+const CACHE_FOR: Duration = Duration::from_secs(10);
+/// Bound on remembered answers (one per distinct token).
+const CACHE_MAX: usize = 4096;
+
+/// The answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// No `Authorization: Bearer` header.
+    NoToken,
+    /// The API server does not accept the token.
+    Unauthenticated,
+    /// The token's identity may not query this app.
+    Forbidden {
+        user_reason: String,
+    },
+    /// The API server could not be asked.
+    Unavailable {
+        error: String,
+    },
+}
+
+impl Verdict {
+    /// The HTTP status and a message for the caller (never the token).
+    pub fn refusal(&self, namespace: &str, app: &str) -> Option<(u16, String)> {
+        let right = format!(
+            "get on streamapps/query (apiGroup oxbow.dev) for StreamApp {app} in namespace {namespace}"
+        );
+        match self {
+            Verdict::Allowed => None,
+            Verdict::NoToken => Some((
+                401,
+                format!(
+                    "a Kubernetes bearer token is required (Authorization: Bearer <token>) whose identity has {right}"
+                ),
+            )),
+            Verdict::Unauthenticated => Some((
+                401,
+                "the API server does not accept the bearer token (invalid or expired)".into(),
+            )),
+            Verdict::Forbidden { user_reason } => Some((
+                403,
+                format!("the token's identity lacks {right}{user_reason}"),
+            )),
+            Verdict::Unavailable { error } => Some((
+                503,
+                format!("failed to check the token with the API server: {error}"),
+            )),
+        }
+    }
+}
+
+/// Who this worker serves, and how it checks callers.
+pub enum Access {
+    /// Standalone (`--instance`/`--instances`): no API server to ask; every caller is
+    /// served, as before any StreamApp existed.
+    Open,
+    Kubernetes {
+        namespace: String,
+        app: String,
+        cache: Mutex<HashMap<[u8; 32], (Verdict, Instant)>>,
+    },
+}
+
+impl Access {
+    pub fn kubernetes(namespace: &str, app: &str) -> Self {
+        Access::Kubernetes {
+            namespace: namespace.into(),
+            app: app.into(),
+            cache: Mutex::default(),
+        }
+    }
+
+    /// The namespace and app checked against (empty when open).
+    pub fn target(&self) -> (&str, &str) {
+        match self {
+            Access::Open => ("", ""),
+            Access::Kubernetes { namespace, app, .. } => (namespace, app),
+        }
+    }
+
+    /// Whether the request with this `Authorization` header may be served.
+    pub async fn check(&self, authorization: Option<&str>) -> Verdict {
+        let Access::Kubernetes {
+            namespace,
+            app,
+            cache,
+        } = self
+        else {
+            return Verdict::Allowed;
+        };
+        let Some(token) = bearer(authorization) else {
+            return Verdict::NoToken;
+        };
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some((v, at)) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&digest)
+            && now.duration_since(*at) < CACHE_FOR
+        {
+            return v.clone();
+        }
+        let verdict = review(token, namespace, app).await;
+        if !matches!(verdict, Verdict::Unavailable { .. }) {
+            let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+            if c.len() >= CACHE_MAX {
+                c.retain(|_, (_, at)| now.duration_since(*at) < CACHE_FOR);
+                if c.len() >= CACHE_MAX {
+                    c.clear();
+                }
+            }
+            c.insert(digest, (verdict.clone(), now));
+        }
+        verdict
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Asks the API server, as the caller, whether the caller may query the app.
+async fn review(token: &str, namespace: &str, app: &str) -> Verdict {
+    let client = match client_as(token).await {
+        Ok(c) => c,
+        Err(error) => return Verdict::Unavailable { error },
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.into()),
+                verb: Some("get".into()),
+                group: Some(oxbow_crds::API_GROUP.into()),
+                resource: Some("streamapps".into()),
+                subresource: Some("query".into()),
+                name: Some(app.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client);
+    match api.create(&PostParams::default(), &review).await {
+        Ok(r) => {
+            let status = r.status.unwrap_or_default();
+            if status.allowed {
+                Verdict::Allowed
+            } else {
+                let why = status.reason.unwrap_or_default();
+                Verdict::Forbidden {
+                    user_reason: if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({why})")
+                    },
+                }
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 401 => Verdict::Unauthenticated,
+        Err(e) => Verdict::Unavailable {
+            error: e.to_string(),
+        },
+    }
+}
+
+/// A client of this pod's API server that authenticates with `token` alone.
+async fn client_as(token: &str) -> Result<kube::Client, String> {
+    let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+    // Nothing of the worker's own identity: no client certificate, no token file.
+    config.auth_info = kube::config::AuthInfo::default();
+    let value = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| "the bearer token is not a valid header value".to_string())?;
+    config.headers.push((reqwest::header::AUTHORIZATION, value));
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_non_empty_bearer_token_is_taken() {
+        assert_eq!(bearer(Some("Bearer abc.def")), Some("abc.def"));
+        assert_eq!(bearer(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer(Some("Basic dXNlcjpwdw==")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(None), None);
+    }
+
+    #[tokio::test]
+    async fn a_standalone_worker_serves_everyone_and_a_managed_one_wants_a_token() {
+        assert_eq!(Access::Open.check(None).await, Verdict::Allowed);
+        let managed = Access::kubernetes("ns", "app");
+        assert_eq!(managed.check(None).await, Verdict::NoToken);
+        let (code, msg) = Verdict::NoToken.refusal("ns", "app").expect("refused");
+        assert_eq!(code, 401);
+        assert!(msg.contains("get on streamapps/query"), "{msg}");
+    }
+}
