@@ -4,7 +4,7 @@
 //! librdkafka can be told to load a shared library into the process
 //! (`plugin.library.paths`, OpenSSL engines and providers), to run a command
 //! (`sasl.kerberos.kinit.cmd`) or to read any file the process can read (`*.location`,
-//! the Kerberos keytab). A StreamApp's author is not the operator's administrator: none
+//! `*.file`, the Kerberos keytab). A StreamApp's author is not the operator's administrator: none
 //! of these may come from a manifest or a Secret. Certificates and keys are given as
 //! content (`ssl.ca.pem`, `ssl.certificate.pem`, `ssl.key.pem`) instead, which the
 //! operator's admin client and the worker read alike.
@@ -75,7 +75,8 @@ pub fn refusal(name: &str, value: &str, place: Place) -> Option<Refusal> {
     // `probe` reads only the system's well-known CA bundles, which is what a managed
     // Kafka with a public CA needs.
     let probe = n == "ssl.ca.location" && value.trim() == "probe";
-    if (n.ends_with(".location") || n == "sasl.kerberos.keytab") && !probe {
+    // `*.file`: the OAUTHBEARER assertion files of a librdkafka built with curl.
+    if (n.ends_with(".location") || n.ends_with(".file") || n == "sasl.kerberos.keytab") && !probe {
         return Some(Refusal::ReadsFiles);
     }
     if place == Place::Manifest && is_sensitive(&n) {
@@ -141,6 +142,10 @@ mod tests {
                 ("ssl.keystore.location", Refusal::ReadsFiles),
                 ("ssl.crl.location", Refusal::ReadsFiles),
                 ("sasl.kerberos.keytab", Refusal::ReadsFiles),
+                (
+                    "sasl.oauthbearer.assertion.private.key.file",
+                    Refusal::ReadsFiles,
+                ),
                 ("ssl.ca.location", Refusal::ReadsFiles),
             ] {
                 assert_eq!(refusal(name, "/etc/shadow", place), Some(why), "{name}");

@@ -81,22 +81,31 @@ impl Redactor {
             if !secret {
                 continue;
             }
-            secrets.push(value.clone());
             // A PEM value (or any multi-line one) may be quoted in part: each line of
             // substance is secret on its own.
-            secrets.extend(
-                value
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| l.len() >= 16 && !l.starts_with("-----"))
-                    .map(str::to_string),
-            );
+            let lines = value
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.len() >= 16 && !l.starts_with("-----"));
+            for v in std::iter::once(value.as_str()).chain(lines) {
+                secrets.push(v.to_string());
+                // As a JSON log line or a Debug field shows it: `"` and `\` escaped.
+                for quoted in [
+                    serde_json::to_string(v).unwrap_or_default(),
+                    format!("{v:?}"),
+                ] {
+                    let inner = quoted.trim_matches('"');
+                    if inner != v {
+                        secrets.push(inner.to_string());
+                    }
+                }
+            }
         }
         // An empty or one-character value would redact half of every message.
         secrets.retain(|s| s.trim().len() >= 2);
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-        Self { secrets }
+        Self {
+            secrets: longest_first(secrets),
+        }
     }
 
     /// `text` with every secret value replaced by [`REDACTED`].
@@ -114,20 +123,29 @@ impl Redactor {
     /// Values are never forgotten: a rotated password must not reappear in old errors.
     pub fn remember(&self) {
         let mut known = KNOWN.write().unwrap_or_else(|e| e.into_inner());
+        if self.secrets.iter().all(|s| known.secrets.contains(s)) {
+            return;
+        }
         let mut merged = known.secrets.clone();
         merged.extend(self.secrets.iter().cloned());
-        merged.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        merged.dedup();
-        known.secrets = merged;
+        known.secrets = longest_first(merged);
     }
+}
+
+/// Longest first (a value that contains another is replaced whole), each once.
+fn longest_first(mut secrets: Vec<String>) -> Vec<String> {
+    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
+    secrets
 }
 
 /// Values this long are replaced wherever they occur; a shorter one (a user name, a
 /// short password) only where it stands alone, so that "app" does not mangle "apps".
 const ANYWHERE: usize = 12;
 
+/// `-` joins names (`fraud-detection`); a `.` may end a sentence, so it does not.
 fn is_word(c: char) -> bool {
-    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
+    c.is_alphanumeric() || matches!(c, '_' | '-')
 }
 
 fn replace_quoted(text: &str, secret: &str) -> String {
@@ -163,19 +181,43 @@ pub fn scrub(text: &str) -> String {
     known.redact(text)
 }
 
-/// Scrubs every string in `value` (a status or a patch about to be sent).
+/// The fields of a status that carry free text (errors quoted from Kafka).
+const TEXT_FIELDS: &[&str] = &["message", "lastError"];
+
+/// Scrubs the free-text fields ([`TEXT_FIELDS`]) of `value`, a status or a patch about to
+/// be sent, at any depth. Names and ids are left alone: a user name that is also an app's
+/// name must not turn `metadata.name` or `applicationId` into `[redacted]`.
 pub fn scrub_json(value: &mut serde_json::Value) {
     match value {
-        serde_json::Value::String(s) => {
-            let clean = scrub(s);
-            if clean != *s {
-                *s = clean;
+        serde_json::Value::Array(items) => items.iter_mut().for_each(scrub_json),
+        serde_json::Value::Object(fields) => {
+            for (k, v) in fields.iter_mut() {
+                match v {
+                    serde_json::Value::String(s) if TEXT_FIELDS.contains(&k.as_str()) => {
+                        let clean = scrub(s);
+                        if clean != *s {
+                            *s = clean;
+                        }
+                    }
+                    _ => scrub_json(v),
+                }
             }
         }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(scrub_json),
-        serde_json::Value::Object(fields) => fields.values_mut().for_each(scrub_json),
         _ => {}
     }
+}
+
+/// Panics print through [`scrub`] too (the default hook writes straight to stderr).
+pub fn scrub_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let backtrace = std::backtrace::Backtrace::capture();
+        let thread = std::thread::current();
+        let text = format!(
+            "thread '{}' {info}\n{backtrace}",
+            thread.name().unwrap_or("<unnamed>")
+        );
+        let _ = writeln!(std::io::stderr(), "{}", scrub(&text));
+    }));
 }
 
 /// A log writer that scrubs what it is given before passing it on. The tracing
@@ -316,10 +358,43 @@ mod tests {
             String::from_utf8(out).expect("utf-8"),
             "login with [redacted] refused\n"
         );
-        let mut status =
-            serde_json::json!({"conditions": [{"message": "pw remembered-sentinel-1"}], "n": 1});
+        let mut status = serde_json::json!({
+            "conditions": [{"message": "pw remembered-sentinel-1"}],
+            "instances": [{"pod": "remembered-sentinel-1", "lastError": "x remembered-sentinel-1"}],
+        });
         scrub_json(&mut status);
         assert_eq!(status["conditions"][0]["message"], "pw [redacted]");
+        assert_eq!(status["instances"][0]["lastError"], "x [redacted]");
+        assert_eq!(
+            status["instances"][0]["pod"], "remembered-sentinel-1",
+            "names are not free text"
+        );
+    }
+
+    #[test]
+    fn a_value_is_found_as_a_json_or_debug_string_shows_it_too() {
+        let r = Redactor::new(&props(&[("sasl.password", r#"pa"ss\word"#)]), []);
+        assert_eq!(
+            r.redact(r#"{"error":"login pa\"ss\\word refused"}"#),
+            r#"{"error":"login [redacted] refused"}"#
+        );
+        let short = Redactor::new(&props(&[("sasl.username", "fraud")]), []);
+        assert_eq!(
+            short.redact("user fraud. fraud-detection"),
+            "user [redacted]. fraud-detection"
+        );
+    }
+
+    #[test]
+    fn remembering_the_same_values_again_adds_nothing() {
+        let p = props(&[(
+            "ssl.key.pem",
+            "aaaaaaaaaaaaaaaa1\nbbbbbbbbbbbbbbbb2\ncccccccccccccccc3",
+        )]);
+        Redactor::new(&p, []).remember();
+        let before = KNOWN.read().expect("lock").secrets.len();
+        Redactor::new(&p, []).remember();
+        assert_eq!(KNOWN.read().expect("lock").secrets.len(), before);
     }
 
     #[test]

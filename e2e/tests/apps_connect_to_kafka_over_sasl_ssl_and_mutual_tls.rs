@@ -11,53 +11,12 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
-    requires_local_stack, stack_var, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, create_secret, install_crd, kafka, kube_client, kubectl,
+    replace_secret, requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, pod_field, pod_uid, produce, read_committed};
 
 const PARTITIONS: i32 = 2;
-
-/// `kubectl create secret generic <name>` with these literals and files.
-fn create_secret(ns: &str, name: &str, literals: &[(&str, String)], files: &[(&str, String)]) {
-    let args = secret_args(ns, name, literals, files, false);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, _, err) = kubectl(&args, None);
-    assert!(ok, "create secret {name}: {err}");
-}
-
-/// Replaces the data of Secret `name` (`kubectl create --dry-run | kubectl apply`).
-fn replace_secret(ns: &str, name: &str, literals: &[(&str, String)], files: &[(&str, String)]) {
-    let args = secret_args(ns, name, literals, files, true);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, yaml, err) = kubectl(&args, None);
-    assert!(ok, "render secret {name}: {err}");
-    let (ok, _, err) = kubectl(&["apply", "-n", ns, "-f", "-"], Some(&yaml));
-    assert!(ok, "replace secret {name}: {err}");
-}
-
-fn secret_args<'a>(
-    ns: &'a str,
-    name: &'a str,
-    literals: &[(&str, String)],
-    files: &[(&str, String)],
-    dry_run: bool,
-) -> Vec<String> {
-    let mut args: Vec<String> = ["create", "secret", "generic", name, "-n", ns]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    if dry_run {
-        args.extend(["--dry-run=client", "-o", "yaml"].map(String::from));
-    }
-    args.extend(
-        literals
-            .iter()
-            .map(|(k, v)| format!("--from-literal={k}={v}")),
-    );
-    args.extend(files.iter().map(|(k, f)| format!("--from-file={k}={f}")));
-    args
-}
 
 fn scram(password: &str) -> Vec<(&'static str, String)> {
     vec![

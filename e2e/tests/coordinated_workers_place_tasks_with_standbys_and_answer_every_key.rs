@@ -157,21 +157,9 @@ async fn tasks_get_one_active_and_one_standby_apart_and_every_pod_answers_every_
         .find(|(p, _)| p == standby)
         .expect("standby pod address")
         .1;
-    let key = {
-        // A key of that task: ask the owner which task each key is in.
-        let mut found = None;
-        for k in &keys {
-            let (_, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
-                .await
-                .expect("query");
-            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if v["task"] == t.to_string() {
-                found = Some(k.clone());
-                break;
-            }
-        }
-        found.expect("some key lives in the first task")
-    };
+    let key = first_key(addr, &keys, |v| v["task"] == t.to_string())
+        .await
+        .expect("some key lives in the first task");
     wait_for(
         "the standby to answer the key, caught up",
         Duration::from_secs(30),
@@ -247,20 +235,9 @@ subjects:
     let stranger = service_account_token(n, "stranger");
     // A key that one pod must forward to its owner.
     let (asked, addr) = &addresses[0];
-    let forwarded = {
-        let mut found = None;
-        for k in &keys {
-            let (_, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
-                .await
-                .expect("query");
-            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if v["servedBy"] != asked.as_str() {
-                found = Some(k.clone());
-                break;
-            }
-        }
-        found.expect("some key is owned by another pod")
-    };
+    let forwarded = first_key(addr, &keys, |v| v["servedBy"] != asked.as_str())
+        .await
+        .expect("some key is owned by another pod");
     let path = format!("/v1/stores/totals/keys/{forwarded}");
     for (who, token, want) in [
         ("no token", None, 401),
@@ -299,4 +276,22 @@ subjects:
     assert_eq!(code, 200, "the kubelet's probe needs no token: {body}");
 
     run.finish().await;
+}
+
+/// The first of `keys` whose answer from the pod at `addr` satisfies `wanted`.
+async fn first_key(
+    addr: &str,
+    keys: &[String],
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> Option<String> {
+    for k in keys {
+        let (_, body) = http_get(addr, &format!("/v1/stores/totals/keys/{k}"))
+            .await
+            .expect("query");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        if wanted(&v) {
+            return Some(k.clone());
+        }
+    }
+    None
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use kube::api::Api;
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
+    OperatorProcess, TestNamespace, apps, create_secret, install_crd, kafka, kube_client, kubectl,
     requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, http_get};
@@ -27,21 +27,6 @@ const SENSITIVE: [&str; 4] = [
     "sasl.kerberos.min.time.before.relogin",
 ];
 
-fn create_secret(ns: &str, name: &str, literals: &[(&str, String)]) {
-    let mut args: Vec<String> = ["create", "secret", "generic", name, "-n", ns]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(
-        literals
-            .iter()
-            .map(|(k, v)| format!("--from-literal={k}={v}")),
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, _, err) = kubectl(&args, None);
-    assert!(ok, "create secret {name}: {err}");
-}
-
 /// SCRAM over SASL_SSL with the sentinel as the password, plus `extra`.
 fn scram_with(sentinel: &str, extra: &[&str]) -> Vec<(&'static str, String)> {
     let mut p = vec![
@@ -49,10 +34,6 @@ fn scram_with(sentinel: &str, extra: &[&str]) -> Vec<(&'static str, String)> {
         ("sasl.mechanism", "SCRAM-SHA-512".to_string()),
         ("sasl.username", stack_var("KAFKA_SASL_USERNAME")),
         ("sasl.password", sentinel.to_string()),
-        (
-            "ssl.ca.pem",
-            std::fs::read_to_string(stack_var("KAFKA_CA_FILE")).expect("the stack's CA"),
-        ),
     ];
     for name in SENSITIVE.iter().filter(|n| extra.contains(n)) {
         p.push((name, sentinel.to_string()));
@@ -156,12 +137,14 @@ async fn a_sentinel_in_every_secret_property_shows_nowhere_after_every_error_pat
     let operator = OperatorProcess::start(&ns.name);
     let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
     let sentinel = format!("S3ntinel{}", unique("x").replace('-', ""));
+    let ca = [("ssl.ca.pem", stack_var("KAFKA_CA_FILE"))];
 
     // Kafka refuses the login: the sentinel is the password.
     create_secret(
         &ns.name,
         "refused",
         &scram_with(&sentinel, &["ssl.key.password"]),
+        &ca,
     );
     let refused = apply(&ns.name, Some("refused"), None).await;
     // librdkafka rejects an integer property; rust-rdkafka's error quotes the value.
@@ -169,6 +152,7 @@ async fn a_sentinel_in_every_secret_property_shows_nowhere_after_every_error_pat
         &ns.name,
         "rejected",
         &scram_with(&sentinel, &["sasl.kerberos.min.time.before.relogin"]),
+        &ca,
     );
     let rejected = apply(&ns.name, Some("rejected"), None).await;
     // OIDC needs a librdkafka built with curl: not supported in this build.
@@ -176,13 +160,14 @@ async fn a_sentinel_in_every_secret_property_shows_nowhere_after_every_error_pat
         &ns.name,
         "unsupported",
         &scram_with(&sentinel, &["sasl.oauthbearer.client.secret"]),
+        &ca,
     );
     let unsupported = apply(&ns.name, Some("unsupported"), None).await;
     // A password in the manifest is refused; a plugin in the Secret is never loaded.
     let in_manifest = apply(&ns.name, None, Some(("sasl.password", &sentinel))).await;
     let mut plugin = scram_with(&sentinel, &[]);
     plugin.push(("plugin.library.paths", format!("/tmp/{sentinel}.so")));
-    create_secret(&ns.name, "plugin", &plugin);
+    create_secret(&ns.name, "plugin", &plugin, &ca);
     let with_plugin = apply(&ns.name, Some("plugin"), None).await;
 
     let mut messages = vec![

@@ -929,7 +929,11 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     } else {
         sts
     };
-    let create_failure = pod_creation::failure(&ctx.client, sts.as_ref()).await?;
+    let newest_pod = pods
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .max();
+    let create_failure = pod_creation::failure(&ctx.client, sts.as_ref(), newest_pod).await;
     let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed, create_failure);
     let live: Vec<&str> = observed
         .iter()

@@ -115,7 +115,9 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,kube_runtime=warn,kube_client=warn".into());
-    // Every line is scrubbed of the secrets of the Kafka clients built so far.
+    // Every line (and a panic's message) is scrubbed of the secrets of the Kafka clients
+    // built so far.
+    oxbow_crds::redact::scrub_panics();
     let writer = || oxbow_crds::redact::ScrubbingWriter::new(std::io::stdout());
     if args.log_format == "text" {
         tracing_subscriber::fmt()

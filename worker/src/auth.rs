@@ -8,7 +8,13 @@
 //! or not (403). So the worker needs no right of its own to review tokens or other
 //! users' access (no cluster-wide `tokenreviews`/`subjectaccessreviews`), and the
 //! answer is the API server's RBAC, audit log included. Answers are cached for a few
-//! seconds by a digest of the token, so a burst of queries costs one review.
+//! seconds by a digest of the token: after the first answer, a token's queries cost no
+//! review for that long (queries that arrive together before it each ask once).
+//!
+//! A query forwarded to the pod that owns the key carries the caller's token (see
+//! `query::AUTHORIZATION`) to an address the app's own pods report. Those pods already
+//! see the tokens of the queries they answer, so the trust boundary is the app's pods;
+//! give query clients identities that may do nothing but query.
 //!
 //! Owns: the check and its cache. Must not touch: what the endpoints answer.
 
@@ -80,40 +86,48 @@ pub enum Access {
     /// Standalone (`--instance`/`--instances`): no API server to ask; every caller is
     /// served, as before any StreamApp existed.
     Open,
-    Kubernetes {
-        namespace: String,
-        app: String,
-        cache: Mutex<HashMap<[u8; 32], (Verdict, Instant)>>,
-    },
+    Kubernetes(Box<Reviewer>),
+}
+
+/// The StreamApp a managed worker serves, and what it learned asking about callers.
+pub struct Reviewer {
+    namespace: String,
+    app: String,
+    cache: Mutex<HashMap<[u8; 32], (Verdict, Instant)>>,
+    /// Where the API server is and how to trust it (without the worker's identity), read
+    /// once.
+    base: tokio::sync::OnceCell<kube::Config>,
 }
 
 impl Access {
     pub fn kubernetes(namespace: &str, app: &str) -> Self {
-        Access::Kubernetes {
+        Access::Kubernetes(Box::new(Reviewer {
             namespace: namespace.into(),
             app: app.into(),
             cache: Mutex::default(),
-        }
+            base: tokio::sync::OnceCell::new(),
+        }))
     }
 
     /// The namespace and app checked against (empty when open).
     pub fn target(&self) -> (&str, &str) {
         match self {
             Access::Open => ("", ""),
-            Access::Kubernetes { namespace, app, .. } => (namespace, app),
+            Access::Kubernetes(r) => (&r.namespace, &r.app),
         }
     }
 
     /// Whether the request with this `Authorization` header may be served.
     pub async fn check(&self, authorization: Option<&str>) -> Verdict {
-        let Access::Kubernetes {
+        let Access::Kubernetes(reviewer) = self else {
+            return Verdict::Allowed;
+        };
+        let Reviewer {
             namespace,
             app,
             cache,
-        } = self
-        else {
-            return Verdict::Allowed;
-        };
+            base,
+        } = reviewer.as_ref();
         let Some(token) = bearer(authorization) else {
             return Verdict::NoToken;
         };
@@ -124,16 +138,29 @@ impl Access {
         {
             return v.clone();
         }
-        let verdict = review(token, namespace, app).await;
+        let base = match base
+            .get_or_try_init(|| async {
+                let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+                // Nothing of the worker's own identity: no client certificate, no token.
+                config.auth_info = kube::config::AuthInfo::default();
+                Ok::<_, String>(config)
+            })
+            .await
+        {
+            Ok(b) => b,
+            Err(error) => return Verdict::Unavailable { error },
+        };
+        let verdict = review(base, token, namespace, app).await;
         if !matches!(verdict, Verdict::Unavailable { .. }) {
             let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
             if c.len() >= CACHE_MAX {
                 c.retain(|_, (_, at)| now.duration_since(*at) < CACHE_FOR);
-                if c.len() >= CACHE_MAX {
-                    c.clear();
-                }
             }
-            c.insert(digest, (verdict.clone(), now));
+            // Full of fresh answers (a flood of distinct tokens): the new one is not
+            // kept, rather than dropping the answers of callers that are in use.
+            if c.len() < CACHE_MAX {
+                c.insert(digest, (verdict.clone(), now));
+            }
         }
         verdict
     }
@@ -147,8 +174,8 @@ pub fn bearer(authorization: Option<&str>) -> Option<&str> {
 }
 
 /// Asks the API server, as the caller, whether the caller may query the app.
-async fn review(token: &str, namespace: &str, app: &str) -> Verdict {
-    let client = match client_as(token).await {
+async fn review(base: &kube::Config, token: &str, namespace: &str, app: &str) -> Verdict {
+    let client = match client_as(base, token) {
         Ok(c) => c,
         Err(error) => return Verdict::Unavailable { error },
     };
@@ -185,6 +212,10 @@ async fn review(token: &str, namespace: &str, app: &str) -> Verdict {
             }
         }
         Err(kube::Error::Api(s)) if s.code == 401 => Verdict::Unauthenticated,
+        // An identity denied even the review of its own rights may not query either.
+        Err(kube::Error::Api(s)) if s.code == 403 => Verdict::Forbidden {
+            user_reason: String::new(),
+        },
         Err(e) => Verdict::Unavailable {
             error: e.to_string(),
         },
@@ -192,10 +223,8 @@ async fn review(token: &str, namespace: &str, app: &str) -> Verdict {
 }
 
 /// A client of this pod's API server that authenticates with `token` alone.
-async fn client_as(token: &str) -> Result<kube::Client, String> {
-    let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
-    // Nothing of the worker's own identity: no client certificate, no token file.
-    config.auth_info = kube::config::AuthInfo::default();
+fn client_as(base: &kube::Config, token: &str) -> Result<kube::Client, String> {
+    let mut config = base.clone();
     let value = format!("Bearer {token}")
         .parse()
         .map_err(|_| "the bearer token is not a valid header value".to_string())?;

@@ -89,6 +89,7 @@ fn duration(s: &str) -> Result<std::time::Duration, String> {
 /// Runs the worker's command line with `extra` processors appended after the spec's
 /// steps (see [`crate::run_with`]); `oxbow-worker` is `main_with(Vec::new())`.
 pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode {
+    oxbow_crds::redact::scrub_panics();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

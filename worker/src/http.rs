@@ -130,7 +130,14 @@ pub fn routes(
     let hop = || warp::header::optional::<String>(HOP_HEADER);
     // A forwarded query carries the caller's token on (see `query::AUTHORIZATION`), so
     // the pod that answers checks the caller, not the forwarder.
-    let key = warp::path!("v1" / "stores" / String / "keys" / String)
+    // `/keys/{key}` and `/keys/{key}/windows`: one handler, `windows` says which.
+    let windows_suffix = warp::path("windows")
+        .and(warp::path::end())
+        .map(|| true)
+        .or(warp::path::end().map(|| false))
+        .unify();
+    let key = warp::path!("v1" / "stores" / String / "keys" / String / ..)
+        .and(windows_suffix)
         .and(auth())
         .and(params())
         .and(hop())
@@ -138,27 +145,12 @@ pub fn routes(
         .then(
             |store: String,
              key: String,
+             windows: bool,
              token: Option<String>,
              q: HashMap<String, String>,
              hop: Option<String>,
              s: Arc<Queries>| async move {
-                let answer = s.key(&store, &key, &q, false, hop.is_some());
-                reply(AUTHORIZATION.scope(token, answer).await)
-            },
-        );
-    let windows = warp::path!("v1" / "stores" / String / "keys" / String / "windows")
-        .and(auth())
-        .and(params())
-        .and(hop())
-        .and(with())
-        .then(
-            |store: String,
-             key: String,
-             token: Option<String>,
-             q: HashMap<String, String>,
-             hop: Option<String>,
-             s: Arc<Queries>| async move {
-                let answer = s.key(&store, &key, &q, true, hop.is_some());
+                let answer = s.key(&store, &key, &q, windows, hop.is_some());
                 reply(AUTHORIZATION.scope(token, answer).await)
             },
         );
@@ -178,15 +170,7 @@ pub fn routes(
             },
         );
     warp::get()
-        .and(
-            healthz
-                .or(readyz)
-                .or(metrics)
-                .or(status)
-                .or(key)
-                .or(windows)
-                .or(range),
-        )
+        .and(healthz.or(readyz).or(metrics).or(status).or(key).or(range))
         .recover(refused)
 }
 

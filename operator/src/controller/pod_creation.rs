@@ -2,9 +2,12 @@
 //! Pod Security admission, a webhook). The StatefulSet's status does not say; the
 //! controller records each refusal as a `FailedCreate` event on the StatefulSet, with the
 //! API server's message. This step reads those events, only while pods are missing, and
-//! picks the message the app's conditions then carry.
+//! picks the message the app's conditions then carry. A refusal older than the newest
+//! pod was followed by a pod the controller could create: it is not the cause of what is
+//! missing now (a rolling update's replaced pod, for one).
 //!
-//! Reads events; writes nothing.
+//! Reads events; writes nothing. Failing to read them only loses the detail: it is
+//! logged, never an error of the reconciliation.
 
 use std::time::Duration;
 
@@ -22,19 +25,31 @@ use super::Error;
 const RECENT: Duration = Duration::from_secs(20 * 60);
 
 /// The newest recent `FailedCreate` message of the app's StatefulSet, when it has fewer
-/// pods than it wants.
+/// pods than it wants; `newest_pod`: when the newest of its pods was created.
 pub async fn failure(
     client: &kube::Client,
     sts: Option<&StatefulSet>,
-) -> Result<Option<String>, Error> {
-    let Some(sts) = sts else {
-        return Ok(None);
-    };
+    newest_pod: Option<Timestamp>,
+) -> Option<String> {
+    let sts = sts?;
     let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let have = sts.status.as_ref().map_or(0, |s| s.replicas);
     if have >= want {
-        return Ok(None);
+        return None;
     }
+    match events(client, sts).await {
+        Ok(events) => {
+            let uid = sts.metadata.uid.as_deref();
+            newest_recent(&events, uid, newest_pod, Timestamp::now())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "failed to read why worker pods are missing");
+            None
+        }
+    }
+}
+
+async fn events(client: &kube::Client, sts: &StatefulSet) -> Result<Vec<Event>, Error> {
     let api: Api<Event> = Api::namespaced(client.clone(), &sts.namespace().unwrap_or_default());
     let lp = ListParams::default().fields(&format!(
         "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
@@ -44,13 +59,17 @@ pub async fn failure(
         what: format!("events of StatefulSet {}", sts.name_any()),
         source,
     })?;
-    let uid = sts.metadata.uid.as_deref();
-    Ok(newest_recent(&events.items, uid, Timestamp::now()))
+    Ok(events.items)
 }
 
 /// The message of the newest event about the StatefulSet `uid` seen within [`RECENT`]
-/// of `now` (pure).
-pub fn newest_recent(events: &[Event], uid: Option<&str>, now: Timestamp) -> Option<String> {
+/// of `now` and not before `newest_pod` was created (pure).
+pub fn newest_recent(
+    events: &[Event],
+    uid: Option<&str>,
+    newest_pod: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<String> {
     let seen = |e: &Event| {
         e.last_timestamp
             .as_ref()
@@ -64,6 +83,7 @@ pub fn newest_recent(events: &[Event], uid: Option<&str>, now: Timestamp) -> Opt
         .filter(|e| uid.is_none() || e.involved_object.uid.as_deref() == uid)
         .filter_map(|e| Some((seen(e)?, e)))
         .filter(|(t, _)| now.duration_since(*t).unsigned_abs() <= RECENT)
+        .filter(|(t, _)| newest_pod.is_none_or(|p| *t >= p))
         .max_by_key(|(t, _)| *t)
         .and_then(|(_, e)| e.message.clone())
 }
@@ -100,9 +120,14 @@ mod tests {
             event("sts-1", ago(3 * 3600), "long resolved"),
         ];
         assert_eq!(
-            newest_recent(&events, Some("sts-1"), now).as_deref(),
+            newest_recent(&events, Some("sts-1"), Some(ago(600)), now).as_deref(),
             Some("exceeded quota: pods=1, used: pods=1, limited: pods=1")
         );
-        assert_eq!(newest_recent(&events[3..], Some("sts-1"), now), None);
+        assert_eq!(newest_recent(&events[3..], Some("sts-1"), None, now), None);
+        assert_eq!(
+            newest_recent(&events, Some("sts-1"), Some(ago(1)), now),
+            None,
+            "a pod created after the refusal shows the controller got past it"
+        );
     }
 }
