@@ -98,8 +98,32 @@ grep '"count":7' <<<"$alerts" | grep -q '"limit":150000' || die "the alert does 
 echo "   alerts on risk-alerts (read_committed; the duplicate was not counted):"
 sed 's/^/     /' <<<"$alerts"
 ip=$(kubectl get streamapp -n "$ns" fraud-detection -o jsonpath='{.status.instances[0].address}')
-echo "   query any worker: curl http://$ip/v1/stores/per-user/keys/$user"
-curl -fsS "http://$ip/v1/stores/per-user/keys/$user" | python3 -m json.tool | sed 's/^/     /' | head -40
+# Queries need a token whose identity may get streamapps/query (docs/queries.md#access).
+kubectl apply -n "$ns" -f - >/dev/null <<'RBAC'
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: dashboard}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: query-fraud-detection}
+rules:
+- {apiGroups: [oxbow.dev], resources: [streamapps/query], resourceNames: [fraud-detection], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: query-fraud-detection}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: query-fraud-detection}
+subjects:
+- {kind: ServiceAccount, name: dashboard}
+RBAC
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://$ip/v1/stores/per-user/keys/$user")
+[[ "$code" == 401 ]] || die "a query without a token was answered $code, not 401"
+echo "   without a token: $code; with the token of ServiceAccount dashboard (Role query-fraud-detection):"
+token=$(kubectl create token dashboard -n "$ns" --duration=10m)
+echo "   query any worker: curl -H \"Authorization: Bearer \$(kubectl create token dashboard -n $ns)\" http://$ip/v1/stores/per-user/keys/$user"
+curl -fsS -H "Authorization: Bearer $token" "http://$ip/v1/stores/per-user/keys/$user" \
+  | python3 -m json.tool | sed 's/^/     /' | head -40
 
 echo
 echo "Demo OK. The stack keeps running: . $STACK_DIR/env; kubectl get sapp -A; make status; make down"
