@@ -1,3 +1,4 @@
+pub mod credentials;
 pub mod harness;
 pub mod node;
 pub mod streams;

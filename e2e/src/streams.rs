@@ -245,13 +245,13 @@ pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
 }
 
 /// GET `http://{addr}{path}`: status, the `Retry-After` header if any, and body. The
-/// request carries [`crate::harness::query_token`]: worker pods serve their state only
+/// request carries [`crate::credentials::query_token`]: worker pods serve their state only
 /// to callers allowed to query the app.
 pub async fn http_get_retry_after(
     addr: &str,
     path: &str,
 ) -> Result<(u16, Option<String>, String), String> {
-    let token = tokio::task::spawn_blocking(crate::harness::query_token)
+    let token = tokio::task::spawn_blocking(crate::credentials::query_token)
         .await
         .map_err(|e| e.to_string())?;
     http_get_as(addr, path, Some(&token)).await

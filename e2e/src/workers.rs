@@ -80,7 +80,7 @@ impl WorkerProc {
         write!(
             s,
             "GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
-            crate::harness::query_token()
+            crate::credentials::query_token()
         )
         .ok()?;
         let mut body = String::new();

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use oxbow_crds::StreamApp;
+use oxbow_e2e::credentials::create_secret;
+use oxbow_e2e::credentials::replace_secret;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, create_secret, install_crd, kafka, kube_client, kubectl,
-    replace_secret, requires_local_stack, stack_var, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
+    requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, pod_field, pod_uid, produce, read_committed};
 

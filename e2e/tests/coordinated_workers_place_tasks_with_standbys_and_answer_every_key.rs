@@ -14,7 +14,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_e2e::harness::{kafka, kubectl, service_account_token, unique, wait_for};
+use oxbow_e2e::credentials::service_account_token;
+use oxbow_e2e::harness::{kafka, kubectl, unique, wait_for};
 use oxbow_e2e::streams::{
     RunningApp, exact_running_counts, http_get, http_get_as, keys, produce, read_committed,
 };

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use kube::api::Api;
 use oxbow_crds::StreamApp;
+use oxbow_e2e::credentials::create_secret;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, create_secret, install_crd, kafka, kube_client, kubectl,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
     requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, http_get};

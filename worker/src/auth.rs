@@ -54,15 +54,19 @@ pub enum Verdict {
 impl Verdict {
     /// The HTTP status and a message for the caller (never the token).
     pub fn refusal(&self, namespace: &str, app: &str) -> Option<(u16, String)> {
-        let right = format!(
-            "get on streamapps/query (apiGroup oxbow.dev) for StreamApp {app} in namespace {namespace}"
-        );
+        // Built only for a refusal: an allowed query (the common case) formats nothing.
+        let right = || {
+            format!(
+                "get on streamapps/query (apiGroup oxbow.dev) for StreamApp {app} in namespace {namespace}"
+            )
+        };
         match self {
             Verdict::Allowed => None,
             Verdict::NoToken => Some((
                 401,
                 format!(
-                    "a Kubernetes bearer token is required (Authorization: Bearer <token>) whose identity has {right}"
+                    "a Kubernetes bearer token is required (Authorization: Bearer <token>) whose identity has {}",
+                    right()
                 ),
             )),
             Verdict::Unauthenticated => Some((
@@ -71,7 +75,7 @@ impl Verdict {
             )),
             Verdict::Forbidden { user_reason } => Some((
                 403,
-                format!("the token's identity lacks {right}{user_reason}"),
+                format!("the token's identity lacks {}{user_reason}", right()),
             )),
             Verdict::Unavailable { error } => Some((
                 503,
