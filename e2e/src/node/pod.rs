@@ -423,7 +423,7 @@ async fn prepare(ctx: &Ctx) -> Result<Prepared, String> {
 /// when the pod was stopped or the container could never start.
 async fn run_container(
     ctx: Arc<Ctx>,
-    prepared: Arc<Prepared>,
+    mut prepared: Arc<Prepared>,
     c: Container,
     is_init: bool,
     mut stop: StopSignal,
@@ -581,6 +581,14 @@ async fn run_container(
             }
         }
         backoff = (backoff * 2).min(ctx.shared.restart_backoff_max);
+        // A restarted container sees its ConfigMaps and Secrets as they are now, as the
+        // kubelet's volume sync and env resolution give it: a container that failed on
+        // a broken ConfigMap recovers once the ConfigMap is put back. Where they cannot
+        // be read, it keeps what it had.
+        match prepare(&ctx).await {
+            Ok(p) => prepared = Arc::new(p),
+            Err(msg) => tracing::info!(pod = %ctx.name, reason = %msg, "kept the previous volumes"),
+        }
         if is_init {
             return Some(exit_code);
         }
