@@ -13,6 +13,7 @@ pub mod layouts;
 pub mod names;
 pub mod redact;
 pub mod reference;
+pub mod report;
 pub mod streamapp;
 pub mod topics;
 pub mod topology;

@@ -200,6 +200,9 @@ pub async fn played_app(ns: &str, name: &str, guarantee: &str, partitions: i32) 
     for t in &topics {
         crate::harness::kafka::create_topic(t, partitions).await;
     }
+    // The report Leases the operator would make for pods 0..5.
+    let pods: Vec<String> = (0..5).map(|i| format!("{name}-{i}")).collect();
+    crate::reports::make_leases(&crate::harness::kube_client().await, ns, name, &pods).await;
     let dir = std::env::temp_dir().join("oxbow-played-apps").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("the app's directory");

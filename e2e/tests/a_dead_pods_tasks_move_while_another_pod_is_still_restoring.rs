@@ -23,11 +23,10 @@ use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, pu
 /// seconds on the local stack, far longer than a hand-over between live pods.
 const KEYS: usize = 2_000_000;
 
-/// Pod `pod`'s status entry in the StreamApp: (acknowledged generation, records left
-/// to restore).
-async fn entry(apps: &Api<StreamApp>, app: &str, pod: &str) -> Option<(i64, i64)> {
-    let s = apps.get(app).await.ok()?;
-    let i = s.status?.instances.into_iter().find(|i| i.pod == pod)?;
+/// Pod `pod`'s report (its Lease): (acknowledged generation, records left to restore).
+async fn entry(apps: &Api<StreamApp>, _app: &str, pod: &str) -> Option<(i64, i64)> {
+    let ns = apps.namespace()?;
+    let i = oxbow_e2e::reports::entry(&apps.clone().into_client(), ns, pod).await?;
     Some((
         i.assignment_generation.unwrap_or(0),
         i.restore_remaining.unwrap_or(0),
@@ -92,7 +91,7 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
     );
     let a = start(&a_pod);
     wait_for(
-        "A to report a restore in its status entry",
+        "A to report a restore in its report",
         Duration::from_secs(60),
         || async {
             match entry(&apps, app, &a_pod).await {

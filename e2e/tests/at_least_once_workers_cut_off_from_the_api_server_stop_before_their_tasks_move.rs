@@ -1,8 +1,8 @@
 //! At-least-once fencing (issue 16, item 2). Exactly-once fences a zombie with the
 //! transactional ids; at-least-once has nothing in Kafka that could. A worker that can
-//! no longer write its status entry (cut off from the API server, but not from Kafka)
-//! must stop processing before another pod takes its tasks: its lease (10 s) runs out
-//! before the new owner's wait for a silent holder (15 s) does.
+//! no longer write its report (cut off from the API server, but not from Kafka) must
+//! stop processing before another pod takes its tasks: its lease (20 s) runs out before
+//! the new owner's wait for a silent holder (30 s) does.
 //!
 //! Real parts: the local stack's API server and Kafka, the real `oxbow-worker` binary in
 //! coordinated mode. The test plays the operator (it writes the assignment) and cuts
@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::StreamApp;
 use oxbow_crds::assignment::Assignment;
 use oxbow_e2e::harness::{TestNamespace, install_crd, kube_client, stack_var, unique, wait_for};
 use oxbow_e2e::streams::{produce, read_committed};
@@ -147,16 +146,14 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
         },
     )
     .await;
-    let apps: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
     wait_for(
-        "A's status entry in the StreamApp",
+        "A's report in its Lease",
         Duration::from_secs(30),
         || async {
-            let s = apps.get(app).await.map_err(|e| e.to_string())?;
-            s.status
-                .and_then(|st| st.instances.into_iter().find(|i| i.pod == a_pod))
+            oxbow_e2e::reports::entry(&client, &ns.name, &a_pod)
+                .await
                 .map(|_| ())
-                .ok_or_else(|| "no entry".to_string())
+                .ok_or_else(|| "no report".to_string())
         },
     )
     .await;
@@ -204,7 +201,7 @@ async fn an_at_least_once_worker_cut_off_from_the_api_server_stops_before_the_ne
     );
     assert!(
         a.logs()
-            .contains("stopped processing: no status write reached the API server"),
+            .contains("stopped processing: no report write reached the API server"),
         "A says why it stopped:\n{}",
         a.logs()
     );

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -70,6 +71,9 @@ pub struct Children {
     pub pod_disruption_budget: PodDisruptionBudget,
     /// `None` when the operator runs without `--network-policy`: any leftover is pruned.
     pub network_policy: Option<NetworkPolicy>,
+    /// One report Lease per pod of the StatefulSet (see `oxbow_crds::report`): made by
+    /// the operator, renewed by its pod, which may patch it and nothing else.
+    pub report_leases: Vec<Lease>,
 }
 
 pub fn labels(app: &StreamApp) -> BTreeMap<String, String> {
@@ -278,19 +282,45 @@ pub fn build(
             "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa_name.clone()),
         }),
     )?;
-    // Least privilege: a worker reads its own StreamApp and ConfigMaps and writes its own
-    // status entry; nothing else.
+    // Each pod's report Lease, labelled for the watches of its app's pods and the operator.
+    let report_leases = (0..replicas.max(0))
+        .map(|i| {
+            let mut m = meta(oxbow_crds::report::lease_name(&format!(
+                "{}-{i}",
+                app.worker_name()
+            )));
+            m["labels"][oxbow_crds::report::REPORT_OF_LABEL] = json!(name);
+            convert(
+                "Lease",
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": m, "spec": {}}),
+            )
+        })
+        .collect::<Result<Vec<Lease>, _>>()?;
+    // Least privilege: a worker reads its own ConfigMaps and its app's reports, and
+    // renews its app's report Leases; nothing else. It writes no status and no events.
+    let mut rules = vec![
+        json!({"apiGroups": [""], "resources": ["configmaps"],
+               "resourceNames": [app.config_map_name(), app.assignment_config_map_name()], "verbs": ["get", "list", "watch"]}),
+        // A label selector cannot be combined with resourceNames: reading Leases is
+        // namespace-wide (they hold no secrets); writing them is not.
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]}),
+    ];
+    let lease_names: Vec<String> = report_leases
+        .iter()
+        .filter_map(|l| l.metadata.name.clone())
+        .collect();
+    // An empty resourceNames would grant every name: no rule at all without pods.
+    if !lease_names.is_empty() {
+        rules.push(
+            json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                          "resourceNames": lease_names, "verbs": ["patch"]}),
+        );
+    }
     let role = convert(
         "Role",
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(sa_name.clone()),
-            "rules": [
-                {"apiGroups": ["oxbow.dev"], "resources": ["streamapps"], "resourceNames": [name], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": ["oxbow.dev"], "resources": ["streamapps/status"], "resourceNames": [name], "verbs": ["get", "patch"]},
-                {"apiGroups": [""], "resources": ["configmaps"],
-                 "resourceNames": [app.config_map_name(), app.assignment_config_map_name()], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-            ],
+            "rules": rules,
         }),
     )?;
     let role_binding = convert(
@@ -481,6 +511,7 @@ pub fn build(
         }
     };
     Ok(Children {
+        report_leases,
         network_policy,
         service_account,
         role,
@@ -671,11 +702,40 @@ spec:
     fn worker_role_is_limited_to_its_own_objects() {
         let c = build(&app(""), &cx(), 3, None).expect("builds");
         let rules = serde_json::to_value(&c.role.rules).expect("json");
-        assert_eq!(rules[0]["resourceNames"], json!(["fraud"]));
-        assert_eq!(rules[1]["resources"], json!(["streamapps/status"]));
+        assert_eq!(
+            rules[0]["resourceNames"],
+            json!(["fraud-config", "fraud-assignment"])
+        );
+        assert_eq!(rules[1]["resources"], json!(["leases"]));
+        assert_eq!(rules[1]["verbs"], json!(["get", "list", "watch"]));
         assert_eq!(
             rules[2]["resourceNames"],
-            json!(["fraud-config", "fraud-assignment"])
+            json!(["fraud-0-report", "fraud-1-report", "fraud-2-report"])
+        );
+        assert_eq!(rules[2]["verbs"], json!(["patch"]));
+        assert_eq!(
+            rules.as_array().map(Vec::len),
+            Some(3),
+            "no status, no events"
+        );
+        let leases: Vec<_> = c.report_leases.iter().map(|l| l.name_any()).collect();
+        assert_eq!(
+            leases,
+            ["fraud-0-report", "fraud-1-report", "fraud-2-report"]
+        );
+        assert_eq!(
+            c.report_leases[0].labels()[oxbow_crds::report::REPORT_OF_LABEL],
+            "fraud"
+        );
+        let none = build(&app(""), &cx(), 0, None).expect("builds");
+        let rules = serde_json::to_value(&none.role.rules).expect("json");
+        assert!(
+            rules
+                .as_array()
+                .expect("rules")
+                .iter()
+                .all(|r| r["verbs"] != json!(["patch"])),
+            "without pods no Lease may be written (empty resourceNames means all): {rules}"
         );
         for r in rules.as_array().expect("rules") {
             assert!(

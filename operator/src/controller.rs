@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -156,6 +157,14 @@ pub struct Context {
     /// Kafka clients per cluster and credentials, dropped with their last app.
     clusters: Mutex<crate::client_cache::ClientCache<Arc<Cluster>>>,
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
+    /// Every worker pod's report Lease, kept by the controller's watch ([`run`]).
+    reports: std::sync::OnceLock<reflector::Store<Lease>>,
+    /// When each app's `status.instances` were last written.
+    instances_schedule: crate::reports::Schedule,
+    /// Per worker pod, the newest notice already published as an Event.
+    notices_published: Mutex<HashMap<String, String>>,
+    /// What was last applied to each child, to skip applies that change nothing.
+    applied: crate::applied::Applied,
 }
 
 impl Context {
@@ -182,6 +191,10 @@ impl Context {
             claims_topic: crate::ownership::DEFAULT_CLAIMS_TOPIC.into(),
             clusters: Mutex::default(),
             failures: Mutex::default(),
+            reports: std::sync::OnceLock::new(),
+            instances_schedule: crate::reports::Schedule::default(),
+            notices_published: Mutex::default(),
+            applied: crate::applied::Applied::default(),
         }
     }
 
@@ -322,7 +335,7 @@ pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Acti
     Action::requeue(delay)
 }
 
-async fn ssa<K>(client: &kube::Client, ns: &str, obj: &K) -> Result<(), Error>
+async fn ssa<K>(ctx: &Context, ns: &str, obj: &K) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + serde::Serialize
@@ -331,7 +344,7 @@ where
         + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let mut v = serde_json::to_value(obj).map_err(|e| Error::ApplyChild {
         kind: short_kind::<K>(),
         name: name.clone(),
@@ -339,17 +352,25 @@ where
     })?;
     v["apiVersion"] = json!(K::api_version(&()));
     v["kind"] = json!(K::kind(&()));
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(v),
-    )
-    .await
-    .map_err(|source| Error::ApplyChild {
-        kind: short_kind::<K>(),
-        name,
-        source,
-    })?;
+    let key = (short_kind::<K>(), ns.to_string(), name.clone());
+    let digest = crate::applied::digest(&v);
+    if ctx.applied.unchanged(&key, digest) {
+        return Ok(());
+    }
+    let live = api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(v),
+        )
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: short_kind::<K>(),
+            name,
+            source,
+        })?;
+    ctx.applied
+        .applied(key, digest, live.meta().resource_version.clone());
     Ok(())
 }
 
@@ -376,31 +397,40 @@ async fn apply_children(
     ctx: &Context,
 ) -> Result<(), Error> {
     let client = &ctx.client;
+    // Each step skips a child whose last apply is still what the cluster holds.
     // 1. Identity first, so pods never start without their ServiceAccount and RBAC.
-    ssa(client, ns, &c.service_account).await?;
-    ssa(client, ns, &c.role).await?;
-    ssa(client, ns, &c.role_binding).await?;
+    ssa(ctx, ns, &c.service_account).await?;
+    ssa(ctx, ns, &c.role).await?;
+    ssa(ctx, ns, &c.role_binding).await?;
+    // 1b. Each pod's report Lease before the pod that renews it; those of pods the
+    //     StatefulSet no longer has go (with them, their entries in status.instances).
+    crate::reports::sync_leases(client, ctx.reports.get(), app, ns, &c.report_leases)
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "report Leases".into(),
+            source,
+        })?;
     // 2. Config before the pods that mount it.
-    ssa(client, ns, &c.config_map).await?;
+    ssa(ctx, ns, &c.config_map).await?;
     // 3. Services: the StatefulSet's serviceName must exist for stable pod identities.
-    ssa(client, ns, &c.headless_service).await?;
-    ssa(client, ns, &c.client_service).await?;
+    ssa(ctx, ns, &c.headless_service).await?;
+    ssa(ctx, ns, &c.client_service).await?;
     // 4. The NetworkPolicy before the workload, so no pod serves queries unguarded;
     //    removed when the operator no longer runs with --network-policy.
     match &c.network_policy {
-        Some(np) => ssa(client, ns, np).await?,
+        Some(np) => ssa(ctx, ns, np).await?,
         None => prune::<NetworkPolicy>(client, ns, app, &[]).await?,
     }
     // 5. The workload.
-    ssa(client, ns, &c.stateful_set).await?;
+    ssa(ctx, ns, &c.stateful_set).await?;
     // 6. The task assignment, only when it changed, after the StatefulSet: its pods
     //    may be new to it, and a scale-in that it completes was sized by it.
     if let Some(cm) = assignment {
-        ssa(client, ns, cm).await?;
+        ssa(ctx, ns, cm).await?;
     }
     // 7. Disruption budget: only meaningful with more than one worker; removed otherwise.
     if app.spec.replicas > 1 {
-        ssa(client, ns, &c.pod_disruption_budget).await?;
+        ssa(ctx, ns, &c.pod_disruption_budget).await?;
     } else {
         prune::<PodDisruptionBudget>(client, ns, app, &[]).await?;
     }
@@ -708,6 +738,15 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
 
     // --- place (pure): who runs which task, and how large the StatefulSet must stay.
     let previous = app.status.clone().unwrap_or_default();
+    // The pods' own reports (their Leases), not status.instances: that is only the
+    // operator's aggregate of them, written on a bounded schedule.
+    let reports = ctx
+        .reports
+        .get()
+        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
+        .unwrap_or_default();
+    let reported: Vec<oxbow_crds::InstanceStatus> =
+        reports.values().map(|r| r.entry.clone()).collect();
     let now = Timestamp::now();
     let observed: Vec<placement::PodObservation> = pods
         .iter()
@@ -715,7 +754,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         .collect();
     let facts = placement::pod_facts(
         &observed,
-        &previous.instances,
+        &reported,
         app.spec.replicas,
         now,
         ctx.placement.failover_timeout,
@@ -755,7 +794,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         Some(n) if invalid.is_none() => Some(placement::plan(
             published.as_ref(),
             &facts,
-            &previous.instances,
+            &reported,
             Params {
                 tasks: u32::try_from(n).unwrap_or(0),
                 stages: oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec)
@@ -776,7 +815,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             &app.worker_name(),
             wanted,
             &facts,
-            &previous.instances,
+            &reported,
         )
     };
 
@@ -875,7 +914,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .map_err(Error::from)
             .map(|cm| (cm, a));
         match published {
-            Ok((cm, a)) => match ssa(&ctx.client, &ns, &cm).await {
+            Ok((cm, a)) => match ssa(ctx, &ns, &cm).await {
                 Ok(()) => {
                     tracing::info!(generation = a.generation, "published task assignment");
                     in_force = Some(a.clone());
@@ -940,7 +979,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         .filter(|p| !p.terminating)
         .map(|p| p.name.as_str())
         .collect();
-    let instances = status::current_instances(&live, &previous.instances);
+    let instances = status::current_instances(&live, &reported);
     let (restoration, restored) = status::restoration(&instances);
     let tasks_verdict = status::tasks_verdict(in_force.as_ref(), &instances, app.spec.replicas);
     // Placement is under way: another step is due, or workers have yet to acknowledge.
@@ -1007,6 +1046,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         topics: topic_statuses,
     };
     write_status(ctx, app, &new_status).await?;
+    publish_reports(ctx, app, &ns, &instances, &previous.instances, &reports).await?;
     if reset_done {
         if let Some(v) = &reset_verdict {
             ctx.event(
@@ -1078,15 +1118,62 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             // Someone may create or fix the topics: look again later.
             Action::requeue(Duration::from_secs(30))
         } else if placing {
-            // Workers report every few seconds; their status writes also trigger a
-            // reconciliation, this bounds the wait when they do not.
+            // A report that changes what a pod runs triggers a reconciliation; this
+            // bounds the wait for one whose pod went silent.
             Action::requeue(Duration::from_secs(2))
-        } else if !ready {
-            Action::requeue(Duration::from_secs(5))
         } else {
-            Action::requeue(ctx.resync)
+            let base = if ready {
+                ctx.resync
+            } else {
+                Duration::from_secs(5)
+            };
+            // Renewals trigger nothing: look again when a pod that reports now would
+            // have been silent for the failover timeout.
+            let silence = crate::reports::until_silent(
+                &reports,
+                Timestamp::now(),
+                ctx.placement.failover_timeout,
+            );
+            Action::requeue(silence.map_or(base, |s| s.min(base)))
         },
     )
+}
+
+/// `status.instances` from the reports of the live pods, on their bounded schedule, and
+/// the workers' notices as Events.
+async fn publish_reports(
+    ctx: &Context,
+    app: &StreamApp,
+    ns: &str,
+    live: &[&oxbow_crds::InstanceStatus],
+    previous: &[oxbow_crds::InstanceStatus],
+    reports: &BTreeMap<String, oxbow_crds::report::Report>,
+) -> Result<(), Error> {
+    let key = format!("{ns}/{}", app.name_any());
+    let next: Vec<oxbow_crds::InstanceStatus> = live.iter().map(|i| (*i).clone()).collect();
+    if crate::reports::due(previous, &next, ctx.instances_schedule.since(&key)) {
+        crate::reports::write_instances(&ctx.client, app, ns, &next)
+            .await
+            .map_err(Error::WriteStatus)?;
+        ctx.instances_schedule.written(&key);
+    }
+    let notices = {
+        let mut published = ctx
+            .notices_published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        crate::reports::unpublished(reports, &mut published, ns)
+    };
+    for (pod, n) in notices {
+        ctx.event(
+            app,
+            EventType::Warning,
+            &n.reason,
+            format!("{pod}: {}", n.note),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 async fn write_status(
@@ -1098,13 +1185,26 @@ async fn write_status(
         Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
     let mut st =
         serde_json::to_value(status).map_err(|e| Error::WriteStatus(kube::Error::SerdeError(e)))?;
-    // instances[] belongs to the workers (their own field manager): never send it.
+    // instances[] is the aggregate of the reports, written on its own schedule
+    // (`publish_reports`): never sent here.
     if let Some(o) = st.as_object_mut() {
         o.remove("instances");
     }
-    let mut patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
     // Conditions quote Kafka's errors, which may quote a secret.
-    oxbow_crds::redact::scrub_json(&mut patch);
+    oxbow_crds::redact::scrub_json(&mut st);
+    // Nothing changed: no write (a steady app costs the API server no status writes).
+    let mut current = app
+        .status
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_default();
+    if let Some(o) = current.as_object_mut() {
+        o.remove("instances");
+    }
+    if current == st {
+        return Ok(());
+    }
+    let patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
     api.patch_status(
         &app.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -1141,6 +1241,38 @@ fn typed(
     }))
 }
 
+/// The watch of a child kind, noting each child's resourceVersion for [`ssa`]'s skip.
+fn observed<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    ctx: &Arc<Context>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug + Send + 'static,
+{
+    let ctx = ctx.clone();
+    watcher(api, config)
+        .default_backoff()
+        .inspect(move |ev| {
+            let note = |o: &K, rv: Option<String>| {
+                let key = (
+                    short_kind::<K>(),
+                    o.meta().namespace.clone().unwrap_or_default(),
+                    o.meta().name.clone().unwrap_or_default(),
+                );
+                ctx.applied.seen(key, rv);
+            };
+            match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    note(o, o.meta().resource_version.clone())
+                }
+                Ok(watcher::Event::Delete(o)) => note(o, None),
+                _ => {}
+            }
+        })
+        .touched_objects()
+}
+
 /// Runs the controller until SIGTERM/SIGINT.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let client = ctx.client.clone();
@@ -1164,16 +1296,28 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             }
         };
     }
+    // The workers' report Leases: kept in a store for reconcile, and a reconcile only
+    // when what a report says changes, not on every renewal.
+    let (report_reader, report_writer) = reflector::store::<Lease>();
+    let _ = ctx.reports.set(report_reader);
+    let report_changes = watcher(
+        api!(Lease),
+        watcher::Config::default().labels(oxbow_crds::report::REPORT_OF_LABEL),
+    )
+    .default_backoff()
+    .reflect(report_writer)
+    .touched_objects()
+    .predicate_filter(crate::reports::relevant, Default::default());
     Controller::for_stream(stream, reader)
         .with_config(controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-        .owns(api!(StatefulSet), children.clone())
-        .owns(api!(ConfigMap), children.clone())
-        .owns(api!(Service), children.clone())
-        .owns(api!(ServiceAccount), children.clone())
-        .owns(api!(Role), children.clone())
-        .owns(api!(RoleBinding), children.clone())
-        .owns(api!(PodDisruptionBudget), children.clone())
-        .owns(api!(NetworkPolicy), children)
+        .owns_stream(observed(api!(StatefulSet), children.clone(), &ctx))
+        .owns_stream(observed(api!(ConfigMap), children.clone(), &ctx))
+        .owns_stream(observed(api!(Service), children.clone(), &ctx))
+        .owns_stream(observed(api!(ServiceAccount), children.clone(), &ctx))
+        .owns_stream(observed(api!(Role), children.clone(), &ctx))
+        .owns_stream(observed(api!(RoleBinding), children.clone(), &ctx))
+        .owns_stream(observed(api!(PodDisruptionBudget), children.clone(), &ctx))
+        .owns_stream(observed(api!(NetworkPolicy), children, &ctx))
         // Worker pods belong to the StatefulSet, not the StreamApp: map them by label,
         // so a pod that goes away or turns unready starts a failover at once.
         .watches(
@@ -1188,6 +1332,13 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
                     .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
             },
         )
+        .watches_stream(report_changes, |lease: Lease| {
+            let ns = lease.namespace().unwrap_or_default();
+            lease
+                .labels()
+                .get(oxbow_crds::report::REPORT_OF_LABEL)
+                .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
+        })
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

@@ -4,16 +4,15 @@
 //! and on a scale-in keeps the pod going away until the pods taking its tasks over have
 //! warmed up and it has let go.
 //!
-//! The workers are the stand-in image (it writes no status); the test writes the
-//! workers' `instances[]` entries itself, by server-side apply under each worker's field
-//! manager, as the real worker does.
+//! The workers are the stand-in image (it reports nothing); the test writes the
+//! workers' report Leases itself, as the real worker does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use oxbow_crds::StreamApp;
 use oxbow_crds::TaskId;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
@@ -86,19 +85,10 @@ fn entry(pod: &str, a: &Assignment, standby_lag: i64, fields: Value) -> Value {
     e
 }
 
-/// Writes `entry` as pod `pod`'s worker would: its own field manager, its entry only.
-async fn report(api: &Api<StreamApp>, app: &str, pod: &str, entry: Value) {
-    let patch = json!({
-        "apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp",
-        "status": {"instances": [entry]},
-    });
-    api.patch_status(
-        app,
-        &PatchParams::apply(&format!("oxbow-worker-{pod}")),
-        &Patch::Apply(patch),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("failed to write {pod}'s status entry: {e}"));
+/// Writes `entry` as pod `pod`'s worker would: its own report Lease.
+async fn report(api: &Api<StreamApp>, _app: &str, pod: &str, entry: Value) {
+    let ns = api.namespace().unwrap_or("default").to_string();
+    oxbow_e2e::reports::write(&api.clone().into_client(), &ns, pod, entry).await;
 }
 
 /// Plays the workers in `pods` that run whatever is assigned: each time the published
@@ -475,28 +465,38 @@ async fn restore_progress_reaches_the_status_and_a_scale_in_waits_for_warm_stand
         },
     )
     .await;
-    // The staying pods run the latest generation; the leaving pod's old entry is ignored.
-    let app = run_workers_until(&api, &cms, &name, staying, "Ready at 2 replicas", |app| {
+    // The staying pods run the latest generation; the leaving pod's entry and its report
+    // Lease are gone with it.
+    run_workers_until(&api, &cms, &name, staying, "Ready at 2 replicas", |app| {
         ready(app)?;
         let s = app.status.as_ref().ok_or("no status")?;
-        if (s.replicas, s.ready_replicas) == (2, 2) {
-            Ok(app.clone())
+        let pods: Vec<&str> = s.instances.iter().map(|i| i.pod.as_str()).collect();
+        if (s.replicas, s.ready_replicas) == (2, 2) && !pods.contains(&leaving.as_str()) {
+            Ok(())
         } else {
             Err(format!(
-                "replicas {}, ready {}",
+                "replicas {}, ready {}, entries of {pods:?}",
                 s.replicas, s.ready_replicas
             ))
         }
     })
     .await;
-    assert!(
-        app.status
-            .expect("status")
-            .instances
-            .iter()
-            .any(|i| &i.pod == leaving),
-        "the gone pod's last entry is still there, and ignored"
-    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), n);
+    wait_for(
+        "the leaving pod's report Lease to be deleted",
+        Duration::from_secs(30),
+        || async {
+            match leases
+                .get_opt(&oxbow_crds::report::lease_name(leaving))
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        },
+    )
+    .await;
 
     apps::delete_all(&api).await;
     drop(operator);

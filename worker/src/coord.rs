@@ -1,21 +1,23 @@
-//! Coordination with the operator (pods only): watches the assignment ConfigMap and
-//! the StreamApp, turns them into this worker's [`Desired`] tasks and query routing, and
-//! writes this pod's own `status.instances[]` entry.
+//! Coordination with the operator (pods only): watches the assignment ConfigMap and the
+//! app's report Leases (every pod's [`oxbow_crds::report`]), turns them into this
+//! worker's [`Desired`] tasks and query routing, and starts [`crate::report`], which
+//! writes this pod's own report.
 //!
-//! Owns every Kubernetes call of the worker. It must not touch state or Kafka: the
-//! engine applies what this module publishes in [`Shared`]. The decisions are pure
-//! functions ([`desired_for`], [`instance_entry`]) from facts already read.
+//! Owns the worker's Kubernetes reads. It must not touch state or Kafka: the engine
+//! applies what this module publishes in [`Shared`]. The decisions are pure functions
+//! ([`desired_for`], [`instance_entry`]) from facts already read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
-use oxbow_crds::{InstanceStatus, StreamApp, TaskId};
+use oxbow_crds::{InstanceStatus, TaskId};
 
 use crate::status::{Desired, Role, Routing, Shared, TaskState, WorkerStatus};
 
@@ -34,23 +36,16 @@ pub struct CoordConfig {
 pub enum CoordError {
     #[error("failed to create the Kubernetes client: {0}")]
     Client(kube::Error),
-    #[error("failed to write this pod's status entry: {0}")]
+    #[error("failed to write this pod's report: {0}")]
     WriteStatus(kube::Error),
-    #[error("failed to encode this pod's status entry: {0}")]
+    #[error("failed to encode this pod's report: {0}")]
     Encode(serde_json::Error),
 }
 
-/// How often the entry is rewritten while nothing changes: the operator reads its
-/// `updatedAt` as a heartbeat (failover of a silent pod).
-const HEARTBEAT: Duration = Duration::from_secs(5);
-/// No heartbeat is written once the processing loop has been silent this long.
-const LOOP_SILENCE: Duration = Duration::from_secs(10);
-/// Changes are written at most this often (a restore's progress changes constantly).
-const MIN_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A pod whose entry has not been rewritten for this long (three heartbeats) is taken
-/// for dead: it holds nothing back any more.
-pub const HOLDER_SILENT: Duration = Duration::from_secs(15);
+/// A pod whose report Lease has not been renewed for this long (three heartbeats, the
+/// duration each worker declares in its Lease) is taken for dead: it holds nothing back
+/// any more.
+pub const HOLDER_SILENT: Duration = oxbow_crds::report::LEASE_DURATION;
 
 /// This worker's tasks from the published assignment and the pods' reports.
 ///
@@ -229,19 +224,19 @@ pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceSta
     }
 }
 
-/// Watches the assignment and the StreamApp; publishes desired tasks and routing.
+/// Watches the assignment and the reports; publishes desired tasks and routing.
 pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError> {
     let client = kube::Client::try_default()
         .await
         .map_err(CoordError::Client)?;
-    tokio::spawn(write_status_loop(
+    tokio::spawn(crate::report::write_loop(
         client.clone(),
         cfg.clone(),
         shared.clone(),
     ));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &cfg.namespace);
-    let apps: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
-    // The Role grants list/watch on these names only: the watches select by name.
+    let leases: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    // The Role grants list/watch on these names only: the watch selects by name.
     let cm_events = watcher(
         cms,
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.config_map)),
@@ -249,18 +244,21 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
     .default_backoff()
     .applied_objects()
     .map(|r| r.map(|cm| Fact::Assignment(Box::new(cm))));
-    let app_events = watcher(
-        apps,
-        watcher::Config::default().fields(&format!("metadata.name={}", cfg.app)),
+    let report_events = watcher(
+        leases,
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            oxbow_crds::report::REPORT_OF_LABEL,
+            cfg.app
+        )),
     )
     .default_backoff()
-    .applied_objects()
-    .map(|r| r.map(|a: StreamApp| Fact::Instances(a.status.unwrap_or_default().instances)));
-    let mut events = std::pin::pin!(futures::stream::select(cm_events, app_events));
+    .map(|r| r.map(|e| Fact::Reports(Box::new(e))));
+    let mut events = std::pin::pin!(futures::stream::select(cm_events, report_events));
     let mut assignment: Option<Assignment> = None;
     // Nothing is published before both watches delivered: without the pods' reports a
     // task could start while its previous owner still runs it.
-    let mut instances: Option<Vec<InstanceStatus>> = None;
+    let mut reports = Reports::default();
     let mut freshness = Freshness::default();
     // Reports go stale without any event: look again now and then.
     let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -285,13 +283,14 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
                     }
                 }
             }
-            Some(Ok(Fact::Instances(i))) => instances = Some(i),
+            Some(Ok(Fact::Reports(e))) => reports.apply(*e),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "watch error (retrying)");
                 continue;
             }
             None => {}
         }
+        let instances = reports.instances();
         let (Some(a), Some(instances)) = (&assignment, &instances) else {
             continue;
         };
@@ -320,160 +319,54 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
 
 enum Fact {
     Assignment(Box<ConfigMap>),
-    Instances(Vec<InstanceStatus>),
+    Reports(Box<watcher::Event<Lease>>),
 }
 
-/// Writes this pod's entry on every change (at most once a second) and as a heartbeat.
-async fn write_status_loop(client: kube::Client, cfg: CoordConfig, shared: Arc<Shared>) {
-    let events = Notices::new(client.clone(), &cfg);
-    let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
-    let mut last: Option<(InstanceStatus, Instant)> = None;
-    let mut backoff = Duration::ZERO;
-    let mut silenced = false;
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        if shared.reporting_closed() {
-            // The final report has the last word.
-            return;
-        }
-        events.publish(shared.take_notices()).await;
-        let Some(s) = shared.snapshot() else {
-            continue;
-        };
-        // The heartbeat speaks for the processing loop, not for this task: a loop that
-        // stopped turning stops the heartbeat, so the operator fails its tasks over.
-        if !shared.liveness.beat_within(LOOP_SILENCE) {
-            if !silenced {
-                tracing::warn!(silent_for = ?LOOP_SILENCE, "the processing loop is not turning: status heartbeat suspended");
-                silenced = true;
-            }
-            continue;
-        }
-        silenced = false;
-        let entry = instance_entry(&cfg.pod, &cfg.address, &s);
-        let due = match &last {
-            None => true,
-            // A hand-over waits for this pod's word (a released task, an acknowledged
-            // generation): such changes go out at once; progress figures are throttled.
-            Some((prev, _)) if significant_change(prev, &entry) => true,
-            Some((prev, at)) => {
-                (prev != &entry && at.elapsed() >= MIN_INTERVAL) || at.elapsed() >= HEARTBEAT
-            }
-        };
-        if !due {
-            continue;
-        }
-        let sent = Instant::now();
-        match write_entry(&api, &cfg, entry.clone()).await {
-            Ok(()) => {
-                shared.lease.renewed(sent);
-                last = Some((entry, Instant::now()));
-                backoff = Duration::ZERO;
-            }
-            Err(e) => {
-                // Refused (RBAC, validation) or unreachable: do not hammer the API server.
-                backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(10));
-                tracing::warn!(error = %e, retry_in = ?backoff, "status entry not written");
-                tokio::time::sleep(backoff).await;
-            }
-        }
-    }
+/// The pods' reports as the watch delivered them. `None` until the first full list.
+#[derive(Debug, Default)]
+struct Reports {
+    listed: Option<BTreeMap<String, InstanceStatus>>,
+    /// A re-list in progress: it replaces `listed` once done.
+    listing: Option<BTreeMap<String, InstanceStatus>>,
 }
 
-/// The engine's warnings (state moved aside, …) as Warning events on the StreamApp,
-/// so `kubectl describe sapp` shows them next to the operator's.
-struct Notices {
-    recorder: kube::runtime::events::Recorder,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
-}
-
-impl Notices {
-    fn new(client: kube::Client, cfg: &CoordConfig) -> Self {
-        let reporter = kube::runtime::events::Reporter {
-            controller: "oxbow-worker".into(),
-            instance: Some(cfg.pod.clone()),
-        };
-        Self {
-            recorder: kube::runtime::events::Recorder::new(client, reporter),
-            reference: k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some(format!("{}/v1alpha1", oxbow_crds::API_GROUP)),
-                kind: Some("StreamApp".into()),
-                name: Some(cfg.app.clone()),
-                namespace: Some(cfg.namespace.clone()),
-                ..Default::default()
-            },
-        }
-    }
-
-    async fn publish(&self, notices: Vec<(String, String)>) {
-        for (reason, note) in notices {
-            let ev = kube::runtime::events::Event {
-                type_: kube::runtime::events::EventType::Warning,
-                reason,
-                note: Some(oxbow_crds::redact::scrub(&note)),
-                action: "OpenState".into(),
-                secondary: None,
+impl Reports {
+    fn apply(&mut self, e: watcher::Event<Lease>) {
+        let put = |m: &mut BTreeMap<String, InstanceStatus>, l: &Lease| {
+            let name = l.metadata.name.clone().unwrap_or_default();
+            match oxbow_crds::report::read(l) {
+                Some(r) => m.insert(name, r.entry),
+                // Made by the operator, not written yet: no report.
+                None => m.remove(&name),
             };
-            if let Err(e) = self.recorder.publish(&ev, &self.reference).await {
-                tracing::warn!(error = %e, "failed to publish an event");
+        };
+        match e {
+            watcher::Event::Init => self.listing = Some(BTreeMap::new()),
+            watcher::Event::InitApply(l) => {
+                if let Some(m) = self.listing.as_mut() {
+                    put(m, &l);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(m) = self.listing.take() {
+                    self.listed = Some(m);
+                }
+            }
+            watcher::Event::Apply(l) => {
+                if let Some(m) = self.listed.as_mut() {
+                    put(m, &l);
+                }
+            }
+            watcher::Event::Delete(l) => {
+                if let Some(m) = self.listed.as_mut() {
+                    m.remove(&l.metadata.name.clone().unwrap_or_default());
+                }
             }
         }
     }
-}
 
-/// Whether two entries differ in what other pods and the operator act on.
-fn significant_change(a: &InstanceStatus, b: &InstanceStatus) -> bool {
-    a.state != b.state
-        || a.active_tasks != b.active_tasks
-        || a.standby_tasks != b.standby_tasks
-        || a.assignment_generation != b.assignment_generation
-        || a.last_error != b.last_error
-}
-
-/// Server-side applies this pod's entry under its own field manager: the list is a map
-/// keyed by `pod`, so each pod owns exactly its entry and the operator none of them.
-pub async fn write_entry(
-    api: &Api<StreamApp>,
-    cfg: &CoordConfig,
-    mut entry: InstanceStatus,
-) -> Result<(), CoordError> {
-    entry.updated_at = Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    let mut patch = serde_json::json!({
-        "apiVersion": "oxbow.dev/v1alpha1",
-        "kind": "StreamApp",
-        "metadata": {"name": cfg.app},
-        "status": {"instances": [serde_json::to_value(&entry).map_err(CoordError::Encode)?]},
-    });
-    // lastError may quote Kafka's errors, which may quote a secret.
-    oxbow_crds::redact::scrub_json(&mut patch);
-    api.patch_status(
-        &cfg.app,
-        &PatchParams::apply(&format!("oxbow-worker-{}", cfg.pod)).force(),
-        &Patch::Apply(patch),
-    )
-    .await
-    .map_err(CoordError::WriteStatus)?;
-    Ok(())
-}
-
-/// The last word before exiting: the final state (Stopping, Failed) and no task, since
-/// the process holds nothing any more (committed, or fenced and aborted), so the next
-/// owners need not wait for it. Also after an engine panic (the status is poisoned).
-pub async fn final_report(cfg: &CoordConfig, shared: &Shared) {
-    shared.close_reporting();
-    let Ok(client) = kube::Client::try_default().await else {
-        return;
-    };
-    let api: Api<StreamApp> = Api::namespaced(client, &cfg.namespace);
-    let mut s = shared.snapshot().unwrap_or_else(|| WorkerStatus {
-        state: "Failed".into(),
-        last_error: Some("the engine thread panicked".into()),
-        ..Default::default()
-    });
-    s.tasks.clear();
-    let entry = instance_entry(&cfg.pod, &cfg.address, &s);
-    if let Err(e) = write_entry(&api, cfg, entry).await {
-        tracing::warn!(error = %e, "final status entry not written");
+    fn instances(&self) -> Option<Vec<InstanceStatus>> {
+        self.listed.as_ref().map(|m| m.values().cloned().collect())
     }
 }
 

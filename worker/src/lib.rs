@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod overlay;
 pub mod processor;
 pub mod query;
+pub mod report;
 pub mod status;
 pub mod steps;
 pub mod store;
@@ -133,7 +134,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         let _ = rt.block_on(async {
             tokio::time::timeout(
                 std::time::Duration::from_secs(3),
-                coord::final_report(cfg, &shared),
+                report::final_report(cfg, &shared),
             )
             .await
         });

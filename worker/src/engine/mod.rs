@@ -125,10 +125,10 @@ pub enum EngineError {
     TableMissing(String),
     #[error("failed to start: {0}")]
     Invalid(String),
-    /// At-least-once: no status write reached the API server for longer than the
+    /// At-least-once: no report write reached the API server for longer than the
     /// lease, so another pod may be about to take this pod's tasks.
     #[error(
-        "stopped processing: no status write reached the API server for {}s (lease {}s); under at-least-once nothing else could stop this pod from processing tasks another pod takes over, so it exits without committing and rejoins through the hand-over when restarted",
+        "stopped processing: no report write reached the API server for {}s (lease {}s); under at-least-once nothing else could stop this pod from processing tasks another pod takes over, so it exits without committing and rejoins through the hand-over when restarted",
         since.as_secs(), crate::lease::LEASE.as_secs()
     )]
     LeaseLapsed { since: std::time::Duration },

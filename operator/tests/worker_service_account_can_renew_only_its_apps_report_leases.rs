@@ -1,14 +1,16 @@
-//! The worker's ServiceAccount, impersonated from the admin kubeconfig, can write its own
-//! pod's `status.instances[]` entry (server-side apply, its own field manager), and the
-//! operator's status writes leave that entry alone; it can read its two ConfigMaps; it
-//! is refused another StreamApp's status, Secrets and Pods.
+//! The worker's ServiceAccount, impersonated from the admin kubeconfig, can renew its
+//! app's report Leases (and the operator aggregates them into `status.instances`); it
+//! can read its two ConfigMaps. It is refused every status write, another app's report
+//! Lease, creating Leases, Events, Secrets and Pods.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use oxbow_crds::StreamApp;
+use oxbow_crds::report::lease_name;
 use oxbow_e2e::harness::{
     OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, stack_var,
     unique, wait_for,
@@ -34,17 +36,8 @@ fn assert_forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
     }
 }
 
-fn entry_of(app: &StreamApp, pod: &str) -> Option<oxbow_crds::InstanceStatus> {
-    app.status
-        .as_ref()?
-        .instances
-        .iter()
-        .find(|i| i.pod == pod)
-        .cloned()
-}
-
 #[tokio::test]
-async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else() {
+async fn the_worker_service_account_renews_its_apps_report_leases_and_nothing_else() {
     install_crd();
     let admin = kube_client().await;
     let ns = TestNamespace::create(&admin, "worker-rbac").await;
@@ -98,51 +91,28 @@ async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else
 
     let worker = client_as(&format!("system:serviceaccount:{n}:{sa}")).await;
     let pod = format!("{name}-0");
-    let as_worker: Api<StreamApp> = Api::namespaced(worker.clone(), n);
     let admin_apps: Api<StreamApp> = Api::namespaced(admin.clone(), n);
-    let manager = format!("oxbow-worker-{pod}");
-    let report = |state: &str, error: Option<&str>| {
-        let mut entry = json!({
+    let entry = |state: &str, error: Option<&str>| {
+        let mut e = json!({
             "pod": pod, "state": state, "address": format!("{pod}.{name}-workers:8080"),
             "activeTasks": ["0_0"],
-            "updatedAt": k8s_openapi::jiff::Timestamp::now().to_string(),
         });
-        if let Some(e) = error {
-            entry["lastError"] = json!(e);
+        if let Some(err) = error {
+            e["lastError"] = json!(err);
         }
-        json!({
-            "apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp",
-            "status": {"instances": [entry]},
-        })
+        e
     };
 
-    // Its own entry: allowed, and there afterwards.
-    as_worker
-        .patch_status(
-            &name,
-            &PatchParams::apply(&manager),
-            &Patch::Apply(report("Running", None)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the worker may apply its own status entry: {e}"));
-    let app = admin_apps.get(&name).await.expect("app");
-    assert_eq!(
-        entry_of(&app, &pod).and_then(|e| e.state).as_deref(),
-        Some("Running"),
-        "the entry is there: {:?}",
-        app.status
-    );
-
-    // The operator reacts to the entry (a failed worker makes Ready False) and its status
-    // write leaves the entry where it is.
-    as_worker
-        .patch_status(
-            &name,
-            &PatchParams::apply(&manager),
-            &Patch::Apply(report("Failed", Some("store seen: disk full"))),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the worker may update its own status entry: {e}"));
+    // Its own report: allowed, and the operator aggregates it into status.instances.
+    oxbow_e2e::reports::write(&worker, n, &pod, entry("Running", None)).await;
+    // The operator reacts to a failed report (Ready False, naming the pod and error).
+    oxbow_e2e::reports::write(
+        &worker,
+        n,
+        &pod,
+        entry("Failed", Some("store seen: disk full")),
+    )
+    .await;
     let app = wait_for(
         "the operator to report the failed worker",
         Duration::from_secs(60),
@@ -161,29 +131,62 @@ async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else
         },
     )
     .await;
-    let entry = entry_of(&app, &pod).expect("the operator's status write kept the entry");
-    assert_eq!(entry.state.as_deref(), Some("Failed"));
-    assert_eq!(entry.active_tasks, vec!["0_0".to_string()]);
-    assert!(
-        app.metadata
-            .managed_fields
-            .iter()
-            .flatten()
-            .filter(|m| m.manager.as_deref() == Some("oxbow-operator"))
-            .all(|m| !serde_json::to_string(&m.fields_v1)
-                .unwrap_or_default()
-                .contains("k:{\\\"pod\\\"")),
-        "the operator owns no instances entry"
-    );
+    let aggregated = app
+        .status
+        .as_ref()
+        .and_then(|s| s.instances.iter().find(|i| i.pod == pod).cloned())
+        .expect("the operator aggregated the report into status.instances");
+    assert_eq!(aggregated.state.as_deref(), Some("Failed"));
+    assert_eq!(aggregated.active_tasks, vec!["0_0".to_string()]);
+    assert!(aggregated.updated_at.is_some(), "the renewal time is shown");
     // Back to Running, so the app can be Ready again (and be deleted cleanly).
-    as_worker
-        .patch_status(
-            &name,
-            &PatchParams::apply(&manager),
-            &Patch::Apply(report("Running", None)),
-        )
-        .await
-        .expect("update own entry");
+    oxbow_e2e::reports::write(&worker, n, &pod, entry("Running", None)).await;
+
+    // No status write at all, not even its own app's.
+    let as_worker: Api<StreamApp> = Api::namespaced(worker.clone(), n);
+    assert_forbidden(
+        "its own StreamApp's status",
+        as_worker
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"instances": [{"pod": pod, "state": "Running"}]}})),
+            )
+            .await,
+    );
+    let worker_leases: Api<Lease> = Api::namespaced(worker.clone(), n);
+    assert_forbidden(
+        "another app's report Lease",
+        worker_leases
+            .patch(
+                &lease_name(&format!("{other}-0")),
+                &PatchParams::default(),
+                &Patch::Merge(oxbow_e2e::reports::patch(&format!("{other}-0"), &json!({}))),
+            )
+            .await,
+    );
+    let stray: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease_name(&format!("{name}-9"))}, "spec": {},
+    }))
+    .expect("lease");
+    assert_forbidden(
+        "creating a Lease",
+        worker_leases.create(&PostParams::default(), &stray).await,
+    );
+    let event: Event = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": format!("{name}.forged")},
+        "involvedObject": {"kind": "StreamApp", "name": name, "namespace": n},
+        "reason": "Forged", "message": "a worker may not write events",
+    }))
+    .expect("event");
+    assert_forbidden(
+        "creating an Event",
+        Api::<Event>::namespaced(worker.clone(), n)
+            .create(&PostParams::default(), &event)
+            .await,
+    );
 
     // Its two ConfigMaps: readable.
     let worker_cms: Api<ConfigMap> = Api::namespaced(worker.clone(), n);
@@ -195,19 +198,6 @@ async fn the_worker_service_account_writes_its_own_status_entry_and_nothing_else
     }
 
     // Everything else: refused.
-    assert_forbidden(
-        "another StreamApp's status",
-        as_worker
-            .patch_status(
-                &other,
-                &PatchParams::apply(&manager),
-                &Patch::Apply(json!({
-                    "apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp",
-                    "status": {"instances": [{"pod": format!("{other}-0"), "state": "Running"}]},
-                })),
-            )
-            .await,
-    );
     assert_forbidden(
         "another app's ConfigMap",
         worker_cms.get(&format!("{other}-config")).await,
