@@ -10,7 +10,7 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator
+.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
 	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
 	@echo "make bench-operator    operator RSS with N StreamApps (default 50) and apply-to-Ready times"
+	@echo "make bench-reports    API writes/s and operator CPU, 10 apps x 10 real worker pods, steady state"
 
 prereqs:
 	@bash $(STACK)/prereqs.sh
@@ -83,3 +84,9 @@ bench-operator: up
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-operator --bins
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-e2e --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/operator_bench
+
+# API writes per second and the operator's CPU in steady state (issue 17, item 7): 10
+# StreamApps x 10 real worker pods, idle and Ready. BENCH_REPORT_APPS/PODS/WINDOW_SECS.
+bench-reports: up
+	$(CARGO) build $(CARGO_PROFILE) --workspace --bins --examples
+	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/report_bench
