@@ -50,13 +50,22 @@ impl Applied {
         };
     }
 
-    /// The watch delivered `key` at `resource_version` (`None`: it was deleted).
+    /// The watch delivered `key` at `resource_version` (`None`: it was deleted; then
+    /// our record of it goes too, so a deleted app leaves nothing behind).
     pub fn seen(&self, key: Key, resource_version: Option<String>) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         match resource_version {
-            Some(rv) => seen.insert(key, rv),
-            None => seen.remove(&key),
-        };
+            Some(rv) => {
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.insert(key, rv);
+            }
+            None => {
+                let mut ours = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+                ours.remove(&key);
+                drop(ours);
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.remove(&key);
+            }
+        }
     }
 }
 
