@@ -6,7 +6,8 @@
 //! co-partitioned table, which a standby follows from the table's own topic. Only a
 //! caller RBAC lets `get` `streamapps/query` is answered: no token 401, a token without
 //! the right 403, the documented Role 200, also for a key another pod owns (the caller's
-//! token travels with the forwarded query).
+//! token travels with the forwarded query). `/metrics` is served on its own port, open,
+//! and not on the query port.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -275,6 +276,18 @@ subjects:
     assert_ne!(v["servedBy"], asked.as_str(), "not forwarded: {body}");
     let (code, _, body) = http_get_as(addr, "/healthz", None).await.expect("healthz");
     assert_eq!(code, 200, "the kubelet's probe needs no token: {body}");
+    // Metrics on their own port, open to any scraper; not next to the queries.
+    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+    let (code, _, body) = http_get_as(&format!("{host}:9090"), "/metrics", None)
+        .await
+        .expect("metrics");
+    assert_eq!(code, 200, "metrics need no token: {body}");
+    assert!(body.contains("oxbow_worker_"), "worker metrics: {body}");
+    let (code, _, body) = http_get_as(addr, "/metrics", None).await.expect("answer");
+    assert_eq!(
+        code, 404,
+        "metrics are not served on the query port: {body}"
+    );
 
     run.finish().await;
 }

@@ -20,6 +20,9 @@ use sha2::{Digest, Sha256};
 
 /// The worker's HTTP port (queries, health, metrics).
 pub const HTTP_PORT: i32 = 8080;
+/// The worker's `/metrics` port: apart from the queries, so the NetworkPolicy can admit
+/// Prometheus there while the query port stays closed.
+pub const METRICS_PORT: i32 = 9090;
 pub const CONFIG_MOUNT: &str = "/etc/oxbow";
 pub const CONFIG_FILE: &str = "streamapp.yaml";
 pub const STATE_MOUNT: &str = "/var/lib/oxbow";
@@ -388,9 +391,13 @@ pub fn build(
         "name": "worker",
         "image": spec.image.clone().unwrap_or_else(|| cx.default_image.clone()),
         "args": ["run", "--config", format!("{CONFIG_MOUNT}/{CONFIG_FILE}"), "--state-dir", STATE_MOUNT,
-                 "--listen", format!("$(POD_IP):{HTTP_PORT}")],
+                 "--listen", format!("$(POD_IP):{HTTP_PORT}"),
+                 "--metrics-listen", format!("$(POD_IP):{METRICS_PORT}")],
         "env": env,
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         // Ready only when every active task is restored and running: a rolling update
         // waits for each pod's restore before touching the next.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 2, "failureThreshold": 3},
@@ -504,6 +511,9 @@ pub fn build(
                                 {"namespaceSelector": {"matchLabels": client}, "podSelector": {"matchLabels": client}},
                             ],
                             "ports": [{"port": "http", "protocol": "TCP"}],
+                        }, {
+                            // Metrics hold no state and no secret: any scraper.
+                            "ports": [{"port": "metrics", "protocol": "TCP"}],
                         }],
                     },
                 }),
@@ -920,7 +930,12 @@ spec:
         assert_eq!(v["spec"]["podSelector"]["matchLabels"], selector);
         assert_eq!(v["spec"]["policyTypes"], json!(["Ingress"]));
         let rules = v["spec"]["ingress"].as_array().expect("ingress");
-        assert_eq!(rules.len(), 1, "one rule: the query port");
+        assert_eq!(rules.len(), 2, "the query port, and the metrics port");
+        assert_eq!(
+            rules[1],
+            json!({"ports": [{"port": "metrics", "protocol": "TCP"}]}),
+            "metrics from anywhere"
+        );
         assert_eq!(
             rules[0]["ports"],
             json!([{"port": "http", "protocol": "TCP"}])

@@ -77,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         coordination: None,
         repartition_purge_interval: oxbow_worker::engine::DEFAULT_PURGE_INTERVAL,
         liveness_timeout: oxbow_worker::liveness::DEFAULT_TIMEOUT,
+        metrics_listen: None,
     };
     oxbow_worker::run_with(app, vec![risk], opts, Some(listen.parse()?))
 }

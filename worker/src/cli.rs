@@ -53,9 +53,14 @@ struct RunArgs {
     /// Where RocksDB state lives (`<dir>/<applicationId>/<task>/`).
     #[arg(long, default_value = "./state")]
     state_dir: PathBuf,
-    /// HTTP address for /healthz, /readyz, /metrics, /v1/status.
+    /// HTTP address for /healthz, /readyz, /v1/status, the queries, and /metrics unless
+    /// --metrics-listen is given.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// HTTP address for /metrics alone (the operator sets it on its own port, so a
+    /// NetworkPolicy can admit Prometheus there and keep the queries closed).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// A directory of librdkafka properties, one file each (a mounted Secret).
     #[arg(long)]
     kafka_secret_dir: Option<PathBuf>,
@@ -65,7 +70,7 @@ struct RunArgs {
     memory_mib: usize,
     /// Run the tasks the operator assigns in this ConfigMap (set by the operator in the
     /// StatefulSet) instead of `--instance`/`--instances`. Needs POD_NAME, POD_NAMESPACE
-    /// and OXBOW_STREAMAPP, and writes this pod's entry in the StreamApp's status.
+    /// and OXBOW_STREAMAPP, and renews this pod's report Lease.
     #[arg(long, env = "OXBOW_ASSIGNMENT_CONFIGMAP")]
     assignment_configmap: Option<String>,
     /// Standalone: every instance's HTTP address (`host:port`), in instance order, so a
@@ -149,6 +154,7 @@ fn run(a: RunArgs, extra: Vec<crate::ProcessorFactory>) -> anyhow::Result<()> {
         coordination,
         repartition_purge_interval: a.repartition_purge_interval,
         liveness_timeout: a.liveness_timeout,
+        metrics_listen: a.metrics_listen,
     };
     tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
     crate::run_with(app, extra, opts, Some(a.listen))

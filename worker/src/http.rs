@@ -1,5 +1,6 @@
 //! The worker's HTTP endpoints (warp): `/healthz` (the process answers), `/readyz`
-//! (every active task restored and running), `/metrics` (Prometheus), `/v1/status`, and
+//! (every active task restored and running), `/metrics` (Prometheus; on its own port
+//! under the operator, `--metrics-listen`), `/v1/status`, and
 //! the interactive queries under `/v1/stores` (see [`crate::query`] and
 //! `docs/queries.md`). Read-only views of [`Shared`] and the stores; this module never
 //! touches Kafka. `/v1/...` serves only callers [`Access`] lets in; the probes and the
@@ -54,6 +55,7 @@ pub fn routes(
     shared: Arc<Shared>,
     catalog: Catalog,
     access: Arc<Access>,
+    with_metrics: bool,
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = warp::Rejection> + Clone {
     let queries = Arc::new(Queries::new(shared.clone(), catalog));
     let auth = move || allowed(access.clone());
@@ -106,13 +108,17 @@ pub fn routes(
             warp::reply::with_status(why, StatusCode::SERVICE_UNAVAILABLE)
         }
     });
-    let metrics = warp::path!("metrics").map(|| {
-        warp::reply::with_header(
-            crate::metrics::encode(),
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )
-    });
+    // Served on its own port when there is one: not found here then.
+    let metrics = warp::path!("metrics")
+        .and_then(move || async move {
+            if with_metrics {
+                Ok(())
+            } else {
+                Err(warp::reject::not_found())
+            }
+        })
+        .untuple_one()
+        .and(metrics());
     let status = warp::path!("v1" / "status")
         .and(auth())
         .map(move |_| match s3.snapshot() {
@@ -190,9 +196,33 @@ fn reply(a: Answer) -> warp::http::Response<String> {
     })
 }
 
+/// `/metrics`: the Prometheus text (no secrets, no state: open to any caller).
+fn metrics() -> impl Filter<Extract = (impl warp::Reply,), Error = std::convert::Infallible> + Clone
+{
+    warp::any().map(|| {
+        warp::reply::with_header(
+            crate::metrics::encode(),
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    })
+}
+
 /// Serves until the process exits.
-pub async fn serve(addr: SocketAddr, shared: Arc<Shared>, catalog: Catalog, access: Access) {
-    warp::serve(routes(shared, catalog, Arc::new(access)))
+pub async fn serve(
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    catalog: Catalog,
+    access: Access,
+    with_metrics: bool,
+) {
+    warp::serve(routes(shared, catalog, Arc::new(access), with_metrics))
         .run(addr)
         .await;
+}
+
+/// Serves `/metrics` alone on `addr` until the process exits.
+pub async fn serve_metrics(addr: SocketAddr) {
+    let route = warp::get().and(warp::path!("metrics")).and(metrics());
+    warp::serve(route).run(addr).await;
 }

@@ -77,7 +77,11 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             shared.clone(),
             query::Catalog::from_app(&app),
             access,
+            opts.metrics_listen.is_none(),
         ));
+    }
+    if let Some(addr) = opts.metrics_listen {
+        rt.spawn(http::serve_metrics(addr));
     }
     if let Some(cfg) = opts.coordination.clone() {
         let shared = shared.clone();

@@ -164,6 +164,9 @@ pub struct RunOptions {
     pub repartition_purge_interval: Duration,
     /// `/healthz` fails once the processing loop has not turned for this long.
     pub liveness_timeout: Duration,
+    /// Where `/metrics` is served on its own (pods: a port the NetworkPolicy opens to
+    /// Prometheus, apart from the query port). `None`: next to the queries.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub struct Engine {
