@@ -13,6 +13,11 @@ use crate::harness::wait_for;
 
 /// The merge patch a worker sends for `entry` (an `instances[]` entry as JSON).
 pub fn patch(pod: &str, entry: &Value) -> Value {
+    patch_at(pod, entry, k8s_openapi::jiff::Timestamp::now())
+}
+
+/// [`patch`], renewed at `at` by the writer's clock (a node whose clock is off).
+pub fn patch_at(pod: &str, entry: &Value, at: k8s_openapi::jiff::Timestamp) -> Value {
     let report = json!({"entry": entry});
     json!({
         "metadata": {"annotations": {REPORT_ANNOTATION: report.to_string()}},
@@ -20,7 +25,7 @@ pub fn patch(pod: &str, entry: &Value) -> Value {
             "holderIdentity": pod,
             "leaseDurationSeconds": LEASE_DURATION.as_secs(),
             // A MicroTime: the API server refuses more than six decimals.
-            "renewTime": format!("{:.6}", k8s_openapi::jiff::Timestamp::now()),
+            "renewTime": format!("{at:.6}"),
         },
     })
 }
@@ -29,6 +34,17 @@ pub fn patch(pod: &str, entry: &Value) -> Value {
 /// minute for the operator to have made the Lease. Panics with the API server's answer
 /// if the write is refused for any other reason.
 pub async fn write(client: &kube::Client, ns: &str, pod: &str, entry: Value) {
+    write_at(client, ns, pod, entry, None).await
+}
+
+/// [`write`], renewed at `at` by the writer's clock (`None`: now).
+pub async fn write_at(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    entry: Value,
+    at: Option<k8s_openapi::jiff::Timestamp>,
+) {
     let api: Api<Lease> = Api::namespaced(client.clone(), ns);
     let name = lease_name(pod);
     wait_for(
@@ -39,7 +55,11 @@ pub async fn write(client: &kube::Client, ns: &str, pod: &str, entry: Value) {
                 .patch(
                     &name,
                     &PatchParams::default(),
-                    &Patch::Merge(patch(pod, &entry)),
+                    &Patch::Merge(patch_at(
+                        pod,
+                        &entry,
+                        at.unwrap_or_else(k8s_openapi::jiff::Timestamp::now),
+                    )),
                 )
                 .await
             {

@@ -161,6 +161,8 @@ pub struct Context {
     reports: std::sync::OnceLock<reflector::Store<Lease>>,
     /// When each app's `status.instances` were last written.
     instances_schedule: crate::reports::Schedule,
+    /// When each report Lease's renewal last changed, by this operator's clock.
+    renewals: crate::reports::Renewals,
     /// Per worker pod, the newest notice already published as an Event.
     notices_published: Mutex<HashMap<String, String>>,
     /// What was last applied to each child, to skip applies that change nothing.
@@ -194,6 +196,7 @@ impl Context {
             reports: std::sync::OnceLock::new(),
             instances_schedule: crate::reports::Schedule::default(),
             notices_published: Mutex::default(),
+            renewals: crate::reports::Renewals::default(),
             applied: crate::applied::Applied::default(),
         }
     }
@@ -740,11 +743,21 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let previous = app.status.clone().unwrap_or_default();
     // The pods' own reports (their Leases), not status.instances: that is only the
     // operator's aggregate of them, written on a bounded schedule.
-    let reports = ctx
+    let mut reports = ctx
         .reports
         .get()
         .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
         .unwrap_or_default();
+    // Judged by this operator's clock, not the pods' (see `Renewals`).
+    let seen_at = std::time::Instant::now();
+    crate::reports::judged_locally(
+        &mut reports,
+        |pod| {
+            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
+            ctx.renewals.age(&key, seen_at)
+        },
+        Timestamp::now(),
+    );
     let reported: Vec<oxbow_crds::InstanceStatus> =
         reports.values().map(|r| r.entry.clone()).collect();
     let now = Timestamp::now();
@@ -1300,11 +1313,30 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     // when what a report says changes, not on every renewal.
     let (report_reader, report_writer) = reflector::store::<Lease>();
     let _ = ctx.reports.set(report_reader);
+    let renewals = ctx.clone();
     let report_changes = watcher(
         api!(Lease),
         watcher::Config::default().labels(oxbow_crds::report::REPORT_OF_LABEL),
     )
     .default_backoff()
+    .inspect(move |ev| {
+        let note = |l: &Lease, deleted: bool| {
+            let key = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
+            let renew = l
+                .spec
+                .as_ref()
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string());
+            renewals
+                .renewals
+                .observe(key, renew, deleted, std::time::Instant::now());
+        };
+        match ev {
+            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => note(l, false),
+            Ok(watcher::Event::Delete(l)) => note(l, true),
+            _ => {}
+        }
+    })
     .reflect(report_writer)
     .touched_objects()
     .predicate_filter(crate::reports::relevant, Default::default());

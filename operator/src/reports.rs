@@ -22,6 +22,53 @@ use oxbow_crds::{InstanceStatus, StreamApp};
 /// next reconcile.
 pub const INSTANCES_INTERVAL: Duration = Duration::from_secs(10);
 
+/// When each report Lease's renewal last changed, by this operator's monotonic clock:
+/// a pod is judged by how long ago its renewal was *seen* to change, not by the time its
+/// own clock wrote into it, so a node whose clock runs ahead cannot keep a silent pod
+/// fresh (nor one that runs behind make a live pod look silent). An operator that just
+/// started counts every report as renewed at its start.
+#[derive(Default)]
+pub struct Renewals {
+    seen: std::sync::Mutex<HashMap<String, (Option<String>, Instant)>>,
+}
+
+impl Renewals {
+    /// The watch delivered the Lease `key` (namespace/name) with `renew` (`None` as
+    /// `deleted`: it was deleted).
+    pub fn observe(&self, key: String, renew: Option<String>, deleted: bool, at: Instant) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if deleted {
+            seen.remove(&key);
+        } else if seen.get(&key).is_none_or(|(r, _)| *r != renew) {
+            seen.insert(key, (renew, at));
+        }
+    }
+
+    /// How long before `now` the renewal of `key` last changed.
+    pub fn age(&self, key: &str, now: Instant) -> Option<Duration> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(key)
+            .map(|(_, at)| now.saturating_duration_since(*at))
+    }
+}
+
+/// Replaces each report's `updatedAt` (written by the pod's clock) with this operator's
+/// view: `now` less the age of its last renewal change. A report this operator has not
+/// seen change keeps no time at all (it is judged as never renewed).
+pub fn judged_locally(
+    reports: &mut BTreeMap<String, Report>,
+    age: impl Fn(&str) -> Option<Duration>,
+    now: k8s_openapi::jiff::Timestamp,
+) {
+    for (pod, r) in reports.iter_mut() {
+        // Whole seconds: the same renewal gives the same text at every reconcile.
+        r.entry.updated_at = age(pod)
+            .and_then(|a| now.checked_sub(a).ok())
+            .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.as_second()).ok())
+            .map(|t| t.to_string());
+    }
+}
+
 /// The reports of `app`'s pods, by pod name.
 pub fn of_app(store: &Store<Lease>, ns: &str, app: &str) -> BTreeMap<String, Report> {
     store
@@ -264,6 +311,62 @@ mod tests {
             None,
             "already silent: nothing to wait for"
         );
+    }
+
+    #[test]
+    fn a_renewal_counts_from_when_this_operator_saw_it_change_whatever_the_pods_clock() {
+        let t0 = Instant::now();
+        let r = Renewals::default();
+        // The pod's clock runs an hour ahead: its renewal time is in the future.
+        let ahead = Some("2026-12-04T11:00:00Z".to_string());
+        r.observe("ns/a-0-report".into(), ahead.clone(), false, t0);
+        r.observe(
+            "ns/a-0-report".into(),
+            ahead,
+            false,
+            t0 + Duration::from_secs(20),
+        );
+        assert_eq!(
+            r.age("ns/a-0-report", t0 + Duration::from_secs(40)),
+            Some(Duration::from_secs(40)),
+            "the same renewal seen again is no renewal"
+        );
+        r.observe(
+            "ns/a-0-report".into(),
+            Some("2026-12-04T11:00:12Z".into()),
+            false,
+            t0 + Duration::from_secs(50),
+        );
+        assert_eq!(
+            r.age("ns/a-0-report", t0 + Duration::from_secs(50)),
+            Some(Duration::ZERO)
+        );
+        r.observe(
+            "ns/a-0-report".into(),
+            None,
+            true,
+            t0 + Duration::from_secs(51),
+        );
+        assert_eq!(r.age("ns/a-0-report", t0 + Duration::from_secs(51)), None);
+
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-04T10:00:40Z".parse().expect("ts");
+        let mut e = entry("a-0", &[], 0);
+        e.updated_at = Some("2026-12-04T11:00:00Z".into());
+        let mut reports: BTreeMap<_, _> = [(
+            "a-0".to_string(),
+            Report {
+                entry: e,
+                notices: vec![],
+            },
+        )]
+        .into();
+        judged_locally(&mut reports, |_| Some(Duration::from_secs(40)), now);
+        assert_eq!(
+            reports["a-0"].entry.updated_at.as_deref(),
+            Some("2026-12-04T10:00:00Z")
+        );
+        judged_locally(&mut reports, |_| None, now);
+        assert_eq!(reports["a-0"].entry.updated_at, None, "never seen renewed");
     }
 
     #[test]

@@ -626,6 +626,58 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
     w.ns.delete().await;
 }
 
+/// Issue 16, item 2, on the operator's side: a pod's report is judged by when the
+/// operator saw its renewal change, not by the time the pod's clock wrote into it. A pod
+/// whose clock runs an hour ahead and then goes silent loses its actives within the
+/// failover timeout.
+#[tokio::test]
+async fn a_silent_pod_whose_clock_runs_ahead_still_fails_over() {
+    let w = without_kafka("clock-ahead", &["--failover-timeout", "5s"]).await;
+    let (api, cms, name) = (&w.api, &w.cms, &w.name);
+    let ahead = w.pods[2].clone();
+    let before = assignment(cms, name).await.expect("assignment");
+    assert!(
+        !actives_of(&before, &ahead).is_empty(),
+        "{ahead} runs tasks before it goes silent: {before:?}"
+    );
+    // Its last renewal, written by a clock an hour ahead: judged by that time, it would
+    // look fresh for an hour.
+    let future = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(1))
+        .expect("an hour ahead");
+    let ns = api.namespace().unwrap_or("default").to_string();
+    oxbow_e2e::reports::write_at(
+        &api.clone().into_client(),
+        &ns,
+        &ahead,
+        entry(&ahead, &before, 0, json!({})),
+        Some(future),
+    )
+    .await;
+    let start = std::time::Instant::now();
+    let mut reported = start;
+    loop {
+        let a = assignment(cms, name).await.expect("assignment");
+        if actives_of(&a, &ahead).is_empty() {
+            break;
+        }
+        if reported.elapsed() >= Duration::from_secs(1) {
+            for p in &w.pods[..2] {
+                report(api, name, p, entry(p, &a, 0, json!({}))).await;
+            }
+            reported = std::time::Instant::now();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "45 s after {ahead} went silent with its clock an hour ahead, it still holds {:?}",
+            actives_of(&a, &ahead)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    apps::delete_all(api).await;
+    w.ns.delete().await;
+}
+
 /// Issue 16, item 4: without Kafka the operator still fails tasks over. A pod that stops
 /// reporting (dead, or wedged while its readiness passes) loses its actives to their
 /// standbys within the failover timeout, on the task count the assignment holds.
