@@ -69,13 +69,20 @@ pub fn judged_locally(
     }
 }
 
-/// The reports of `app`'s pods, by pod name.
-pub fn of_app(store: &Store<Lease>, ns: &str, app: &str) -> BTreeMap<String, Report> {
+/// `app`'s report Leases in `ns`, as the watch holds them.
+fn app_leases(store: &Store<Lease>, ns: &str, app: &str) -> Vec<std::sync::Arc<Lease>> {
     store
         .state()
-        .iter()
+        .into_iter()
         .filter(|l| l.namespace().as_deref() == Some(ns))
         .filter(|l| l.labels().get(report::REPORT_OF_LABEL).map(String::as_str) == Some(app))
+        .collect()
+}
+
+/// The reports of `app`'s pods, by pod name.
+pub fn of_app(store: &Store<Lease>, ns: &str, app: &str) -> BTreeMap<String, Report> {
+    app_leases(store, ns, app)
+        .iter()
         .filter_map(|l| report::read(l))
         .map(|r| (r.entry.pod.clone(), r))
         .collect()
@@ -172,19 +179,12 @@ pub async fn sync_leases(
     wanted: &[Lease],
 ) -> Result<(), kube::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-    let existing: Vec<String> = match store {
-        Some(s) => s
-            .state()
-            .iter()
-            .filter(|l| l.namespace().as_deref() == Some(ns))
-            .filter(|l| {
-                l.labels().get(report::REPORT_OF_LABEL).map(String::as_str)
-                    == Some(app.name_any().as_str())
-            })
-            .map(|l| l.name_any())
-            .collect(),
-        None => Vec::new(),
-    };
+    let existing: Vec<String> = store
+        .map(|s| app_leases(s, ns, &app.name_any()))
+        .unwrap_or_default()
+        .iter()
+        .map(|l| l.name_any())
+        .collect();
     for l in wanted {
         if existing.contains(&l.name_any()) {
             continue;

@@ -626,6 +626,33 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
     w.ns.delete().await;
 }
 
+/// Plays pods 0 and 1 reporting every second, as workers do, until `silent` holds no
+/// active task (at most 45 s); returns that assignment.
+async fn loses_its_actives(w: &WithoutKafka, silent: &str, how: &str) -> Assignment {
+    let (api, cms, name) = (&w.api, &w.cms, &w.name);
+    let start = std::time::Instant::now();
+    let mut reported = start;
+    loop {
+        let a = assignment(cms, name).await.expect("assignment");
+        if actives_of(&a, silent).is_empty() {
+            return a;
+        }
+        if reported.elapsed() >= Duration::from_secs(1) {
+            for p in &w.pods[..2] {
+                report(api, name, p, entry(p, &a, 0, json!({}))).await;
+            }
+            reported = std::time::Instant::now();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(45),
+            "45 s after {silent} went silent {how}, it still holds {:?} (generation {})",
+            actives_of(&a, silent),
+            a.generation
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Issue 16, item 2, on the operator's side: a pod's report is judged by when the
 /// operator saw its renewal change, not by the time the pod's clock wrote into it. A pod
 /// whose clock runs an hour ahead and then goes silent loses its actives within the
@@ -654,26 +681,7 @@ async fn a_silent_pod_whose_clock_runs_ahead_still_fails_over() {
         Some(future),
     )
     .await;
-    let start = std::time::Instant::now();
-    let mut reported = start;
-    loop {
-        let a = assignment(cms, name).await.expect("assignment");
-        if actives_of(&a, &ahead).is_empty() {
-            break;
-        }
-        if reported.elapsed() >= Duration::from_secs(1) {
-            for p in &w.pods[..2] {
-                report(api, name, p, entry(p, &a, 0, json!({}))).await;
-            }
-            reported = std::time::Instant::now();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(45),
-            "45 s after {ahead} went silent with its clock an hour ahead, it still holds {:?}",
-            actives_of(&a, &ahead)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    loses_its_actives(&w, &ahead, "with its clock an hour ahead").await;
     apps::delete_all(api).await;
     w.ns.delete().await;
 }
@@ -691,33 +699,12 @@ async fn a_silent_pods_tasks_fail_over_while_the_operator_cannot_read_kafka() {
         !actives_of(&before, &silent).is_empty(),
         "{silent} runs tasks before it goes silent: {before:?}"
     );
-    // Only pods 0 and 1 keep reporting, every second as workers do.
-    let start = std::time::Instant::now();
-    let mut reported = start;
-    loop {
-        let a = assignment(cms, name).await.expect("assignment");
-        if actives_of(&a, &silent).is_empty() {
-            assert_eq!(
-                a.tasks.len(),
-                TASKS as usize,
-                "every task still placed: {a:?}"
-            );
-            break;
-        }
-        if reported.elapsed() >= Duration::from_secs(1) {
-            for p in &w.pods[..2] {
-                report(api, name, p, entry(p, &a, 0, json!({}))).await;
-            }
-            reported = std::time::Instant::now();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(45),
-            "45 s after {silent} went silent without Kafka, it still holds {:?} (generation {})",
-            actives_of(&a, &silent),
-            a.generation
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let a = loses_its_actives(&w, &silent, "without Kafka").await;
+    assert_eq!(
+        a.tasks.len(),
+        TASKS as usize,
+        "every task still placed: {a:?}"
+    );
     apps::delete_all(api).await;
     w.ns.delete().await;
 }
