@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl for
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and the
+# node's kubelet and kube-proxy for
 # $K8S_VERSION from the k8s.io/kubernetes Go module, fetched through the Go module
 # proxy. k8s.io/kubernetes points its staging modules at ./staging with replace
 # lines, which a dependent module does not inherit, so we generate our own replace
@@ -8,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 need go "install Go (https://go.dev) or the golang-go Debian package"
 
 bin="$OXBOW_CACHE/k8s/$K8S_VERSION/bin"
-cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 have_all() {
   for c in "${cmds[@]}"; do
@@ -47,10 +48,7 @@ godebug=$(awk '$1 == "godebug" {print; exit}' "$gomod")
   echo ")"
   echo
   echo "tool ("
-  echo "	k8s.io/kubernetes/cmd/kube-apiserver"
-  echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
-  echo "	k8s.io/kubernetes/cmd/kube-scheduler"
-  echo "	k8s.io/kubernetes/cmd/kubectl"
+  for c in "${cmds[@]}"; do echo "	k8s.io/kubernetes/cmd/$c"; done
   echo ")"
 } > go.mod
 grep -q "=> k8s.io/api $staging_version" go.mod || die "generated go.mod has no staging replace lines; k8s.io/kubernetes@$K8S_VERSION's go.mod changed shape"

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# `make down`: stops everything `make up` started, in reverse order. Data (etcd, Kafka,
-# volumes) is kept; `make clean-stack` removes it.
+# `make down`: stops everything `make up` started, in reverse order, and removes what it
+# set up on the host (mounts, the bridge, iptables rules, kernel settings). Data (etcd,
+# Kafka, volumes) is kept; `make clean-stack` removes it.
 source "$(dirname "$0")/lib.sh"
-for name in oxbow-operator oxbow-node kube-scheduler kube-controller-manager kube-apiserver etcd kafka; do
+here=$(cd "$(dirname "$0")" && pwd)
+stop oxbow-operator
+bash "$here/node-down.sh"
+stop oxbow-node
+for name in kube-scheduler kube-controller-manager kube-apiserver etcd kafka; do
   stop "$name"
 done
-# Pod processes live in their own sessions; the agent records them so none outlive it.
+# The emulated agent's pod processes live in their own sessions; it records them so none
+# outlive it.
 if [[ -d "$STACK_DIR/node/pids" ]]; then
   for f in "$STACK_DIR/node/pids"/*.pid; do
     [[ -f "$f" ]] || continue
@@ -13,4 +19,5 @@ if [[ -d "$STACK_DIR/node/pids" ]]; then
     rm -f "$f"
   done
 fi
+bash "$here/network-down.sh"
 rm -f "$STACK_DIR/env"

@@ -48,7 +48,32 @@ wait_for() {
 # certificates required (mutual TLS).
 : "${KAFKA_SASL_SSL_PORT:=19094}"
 : "${KAFKA_MTLS_PORT:=19095}"
+# The same three listeners for pods, on the node's bridge address.
+: "${KAFKA_POD_PORT:=19096}"
+: "${KAFKA_POD_SASL_SSL_PORT:=19097}"
+: "${KAFKA_POD_MTLS_PORT:=19098}"
 : "${NODE_NAME:=oxbow-node}"
+# The node's networks, inside 198.18.0.0/15 (reserved for network tests, never routed):
+# pods on a bridge in 198.18.0.0/16 whose gateway is the host (and where the API server
+# and Kafka answer pods), Services in 198.19.0.0/16. Nothing is masqueraded or routed out.
+BRIDGE=oxbow0
+BRIDGE_IP=198.18.0.1
+POD_CIDR=198.18.0.0/16
+SERVICE_CIDR=198.19.0.0/16
+KUBERNETES_SERVICE_IP=198.19.0.1
+CLUSTER_DNS_IP=198.19.0.10
+NETWORK_RANGE=198.18.0.0/15
+NODE_DIR="$STACK_DIR/node"
+CONTAINERD_SOCK="$NODE_DIR/containerd/containerd.sock"
+# What the node runs with: the pause image and the addons' images, built here.
+PAUSE_IMAGE=oxbow-pause:3.10
+: "${COREDNS_VERSION:=v1.12.4}"
+: "${LOCAL_PATH_VERSION:=v0.0.30}"
+: "${CRICTL_VERSION:=v1.34.0}"
+NODE_TOOLS="$OXBOW_CACHE/node-tools"
+# Bumped when the stack's addresses or PKI change shape: `make up` then starts the
+# cluster's state (etcd, PKI, node) afresh instead of mixing two layouts.
+STACK_LAYOUT=2
 KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 K8S_BIN="$OXBOW_CACHE/k8s/$K8S_VERSION/bin"
 ETCD_BIN="$OXBOW_CACHE/etcd/$ETCD_VERSION/bin"

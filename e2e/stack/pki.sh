@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Generates the local cluster's PKI once: a CA, the API server's serving certificate,
-# client certificates (admin, controller-manager, scheduler, node agent), the
-# service-account signing key pair, and a kubeconfig per client.
+# Generates the local cluster's PKI once: a CA, the API server's and the kubelet's
+# serving certificates, client certificates (admin, controller-manager, scheduler,
+# kubelet, kube-proxy, node agent), the service-account signing key pair, and a
+# kubeconfig per client.
 source "$(dirname "$0")/lib.sh"
 need openssl "install openssl (Debian: openssl)"
 
@@ -16,7 +17,7 @@ openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 
 
 
 sign_cert apiserver "/CN=kube-apiserver" \
-  "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+  "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:$BRIDGE_IP,IP:$KUBERNETES_SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
 
 client_ext="keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
 sign_cert admin "/O=system:masters/CN=oxbow-admin" "$client_ext"
@@ -25,13 +26,21 @@ sign_cert scheduler "/CN=system:kube-scheduler" "$client_ext"
 # The node agent provisions volumes and writes pod status for every pod on its node;
 # the Node authorizer's per-node limits don't cover provisioning, so it acts as admin.
 sign_cert node "/O=system:masters/CN=system:node:$NODE_NAME" "$client_ext"
-# The API server's client identity towards aggregated APIs / kubelets (unused, required).
+# The kubelet: its client identity (the Node authorizer and NodeRestriction hold it to
+# its own node's pods) and its serving certificate, which the API server verifies for
+# logs, exec and port-forward.
+sign_cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client_ext"
+sign_cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" \
+  "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:$BRIDGE_IP,IP:127.0.0.1,DNS:$NODE_NAME\n"
+# kube-proxy: the built-in binding system:node-proxier names this user.
+sign_cert kube-proxy "/CN=system:kube-proxy" "$client_ext"
+# The API server's client identity towards kubelets (logs, exec) and aggregated APIs.
 sign_cert apiserver-client "/O=system:masters/CN=kube-apiserver-client" "$client_ext"
 
 openssl genrsa -out sa.key 2048 2>/dev/null
 openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 
-for who in admin controller-manager scheduler node; do
+for who in admin controller-manager scheduler node kubelet kube-proxy; do
   kc="$who.kubeconfig"
   k() { "$K8S_BIN/kubectl" --kubeconfig "$kc" "$@" >/dev/null; }
   k config set-cluster oxbow-local --server="https://127.0.0.1:$APISERVER_PORT" \

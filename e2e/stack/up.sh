@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
 # `make up`: builds what is missing (cached), then starts etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, the local node agent and a Kafka broker on
-# loopback. Idempotent: what runs and answers is left alone.
+# kube-controller-manager, kube-scheduler and a Kafka broker on loopback, and the node:
+# the kubelet with containerd on a bridge (node-up.sh), or the emulated agent with
+# OXBOW_NODE=emulated. Idempotent: what runs and answers is left alone.
 source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$SECONDS
+
+: "${OXBOW_NODE:=emulated}"
+[[ "$OXBOW_NODE" == kubelet || "$OXBOW_NODE" == emulated ]] || die "OXBOW_NODE is kubelet or emulated, not '$OXBOW_NODE'"
+
+# A stack made with other addresses or PKI (an older checkout) starts afresh: its data is
+# disposable, and two layouts in one etcd or one PKI would not work together.
+if [[ -d "$STACK_DIR" && "$(cat "$STACK_DIR/layout" 2>/dev/null)" != "$STACK_LAYOUT" ]]; then
+  log "the stack's layout changed (now $STACK_LAYOUT): stopping it and starting its state afresh"
+  bash "$here/down.sh"
+  rm -rf "$STACK_DIR/etcd" "$STACK_DIR/pki" "$STACK_DIR/kafka-pki" "$STACK_DIR/kafka" "$STACK_DIR/node"
+fi
+mkdir -p "$STACK_DIR"
+echo "$STACK_LAYOUT" >"$STACK_DIR/layout"
 
 bash "$here/build-k8s.sh"
 bash "$here/build-etcd.sh"
@@ -12,7 +26,10 @@ bash "$here/build-helm.sh"
 bash "$here/fetch-kafka.sh"
 bash "$here/pki.sh"
 bash "$here/kafka-pki.sh"
+[[ "$OXBOW_NODE" == kubelet ]] && bash "$here/build-node.sh"
 mkdir -p "$RUN" "$LOGS"
+# The bridge first: Kafka and the API server listen on its address for pods.
+bash "$here/network.sh"
 
 apiserver_ready() { kubectl_admin get --raw /readyz; }
 kafka_ready() { kafka_java org.apache.kafka.tools.ClusterTool cluster-id --bootstrap-server "$KAFKA_BOOTSTRAP"; }
@@ -22,10 +39,12 @@ kafka_ready() { kafka_java org.apache.kafka.tools.ClusterTool cluster-id --boots
 # restarted with this one.
 mkdir -p "$STACK_DIR/kafka"
 props="$STACK_DIR/kafka/server.properties"
-(umask 077; sed -e "s|@DATA@|$STACK_DIR/kafka/data|" -e "s|@PORT@|$KAFKA_PORT|" \
-    -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" -e "s|@SASL_SSL_PORT@|$KAFKA_SASL_SSL_PORT|" \
-    -e "s|@MTLS_PORT@|$KAFKA_MTLS_PORT|" -e "s|@KAFKA_PKI@|$KAFKA_PKI|" \
-    -e "s|@SASL_PASSWORD@|$(cat "$KAFKA_PKI/sasl-password")|" \
+(umask 077; sed -e "s|@DATA@|$STACK_DIR/kafka/data|g" -e "s|@PORT@|$KAFKA_PORT|g" \
+    -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" -e "s|@SASL_SSL_PORT@|$KAFKA_SASL_SSL_PORT|g" \
+    -e "s|@MTLS_PORT@|$KAFKA_MTLS_PORT|g" -e "s|@KAFKA_PKI@|$KAFKA_PKI|g" -e "s|@BRIDGE_IP@|$BRIDGE_IP|g" \
+    -e "s|@POD_PORT@|$KAFKA_POD_PORT|g" -e "s|@POD_SASL_SSL_PORT@|$KAFKA_POD_SASL_SSL_PORT|g" \
+    -e "s|@POD_MTLS_PORT@|$KAFKA_POD_MTLS_PORT|g" \
+    -e "s|@SASL_PASSWORD@|$(cat "$KAFKA_PKI/sasl-password")|g" \
     "$here/kafka/server.properties.in" >"$props.new")
 if running kafka && ! cmp -s "$props.new" "$props"; then
   log "Kafka's configuration changed: restarting it"
@@ -71,12 +90,13 @@ fi
 if ! running kube-apiserver; then
   start kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-    --service-cluster-ip-range 10.96.0.0/16 \
-    --authorization-mode RBAC \
+    --bind-address 0.0.0.0 --advertise-address "$BRIDGE_IP" --secure-port "$APISERVER_PORT" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --client-ca-file "$PKI/ca.crt" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --kubelet-client-certificate "$PKI/apiserver-client.crt" --kubelet-client-key "$PKI/apiserver-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --allow-privileged=true --profiling=false --v=1
@@ -91,6 +111,7 @@ if ! running kube-controller-manager; then
     --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10257 \
     --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
     --use-service-account-credentials=true --leader-elect=false \
     --controllers '*' --profiling=false --v=1
 fi
@@ -102,10 +123,16 @@ if ! running kube-scheduler; then
     --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false --v=1
 fi
 
-# --- the local node agent (plays the kubelet); images map to the workspace's binaries.
-# The image map is rewritten on every `make up`; the agent reads it at each container start.
-mkdir -p "$STACK_DIR/node"
-cat >"$STACK_DIR/node/images.yaml" <<IMAGES
+# --- the node
+if [[ "$OXBOW_NODE" == kubelet ]]; then
+  running oxbow-node && stop oxbow-node
+  bash "$here/node-up.sh"
+else
+  for name in kube-proxy kubelet; do running "$name" && stop "$name"; done
+  # The emulated agent (plays the kubelet); images map to the workspace's binaries.
+  # The image map is rewritten on every `make up`; the agent reads it at each container start.
+  mkdir -p "$STACK_DIR/node"
+  cat >"$STACK_DIR/node/images.yaml" <<IMAGES
 # image pattern -> local binary; '*' matches any tag. Written by e2e/stack/up.sh.
 images:
   - image: "oxbow-worker:*"
@@ -119,18 +146,19 @@ images:
   - image: "oxbow-stuck:*"
     binary: "$CARGO_TARGET_DIR/release/examples/stuck_step"
 IMAGES
-if ! running oxbow-node; then
-  node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
-  [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
-  start oxbow-node "$node_bin" --kubeconfig "$PKI/node.kubeconfig" --node-name "$NODE_NAME" \
-    --root "$STACK_DIR/node" --images "$STACK_DIR/node/images.yaml" \
-    --api-server "https://127.0.0.1:$APISERVER_PORT" --ca-file "$PKI/ca.crt" \
-    --kubernetes-version "$K8S_VERSION"
+  if ! running oxbow-node; then
+    node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
+    [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
+    start oxbow-node "$node_bin" --kubeconfig "$PKI/node.kubeconfig" --node-name "$NODE_NAME" \
+      --root "$STACK_DIR/node" --images "$STACK_DIR/node/images.yaml" \
+      --api-server "https://127.0.0.1:$APISERVER_PORT" --ca-file "$PKI/ca.crt" \
+      --kubernetes-version "$K8S_VERSION"
+  fi
+  node_ready() {
+    [[ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+  }
+  wait_for "node $NODE_NAME to register Ready (log: $LOGS/oxbow-node.log)" 60 node_ready
 fi
-node_ready() {
-  [[ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
-}
-wait_for "node $NODE_NAME to register Ready (log: $LOGS/oxbow-node.log)" 60 node_ready
 sa_ready() { kubectl_admin get serviceaccount default -n default; }
 wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-controller-manager.log)" 60 sa_ready
 
@@ -162,7 +190,9 @@ wait_for "Kafka to accept the SCRAM-SHA-512 user over SASL_SSL on 127.0.0.1:$KAF
 
 # Everything must still run: a component that died right after starting would otherwise
 # hide behind state a previous run left in etcd (a Ready node, a ServiceAccount).
-for name in etcd kube-apiserver kube-controller-manager kube-scheduler oxbow-node kafka; do
+node_parts=(oxbow-node)
+[[ "$OXBOW_NODE" == kubelet ]] && node_parts=(containerd kubelet kube-proxy)
+for name in etcd kube-apiserver kube-controller-manager kube-scheduler "${node_parts[@]}" kafka; do
   running "$name" || die "$name exited right after starting; see $LOGS/$name.log"
 done
 
@@ -170,6 +200,11 @@ cat >"$STACK_DIR/env" <<ENV
 # Written by 'make up'. Source it: . $STACK_DIR/env
 export KUBECONFIG="$ADMIN_KUBECONFIG"
 export KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
+# Where pods reach the broker: the same listeners on the node's bridge address.
+export KAFKA_BOOTSTRAP_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_PORT"
+export KAFKA_BOOTSTRAP_SASL_SSL_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_SASL_SSL_PORT"
+export KAFKA_BOOTSTRAP_MTLS_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_MTLS_PORT"
+export OXBOW_NODE="$OXBOW_NODE"
 # The secured listeners, for any Kafka client: SASL_SSL (SCRAM-SHA-512/256 or PLAIN as
 # the user below) and SSL with a client certificate; both verify the broker against
 # KAFKA_CA_FILE (PEM).
