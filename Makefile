@@ -10,12 +10,13 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports
+.PHONY: help prereqs build images up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
 	@echo "make test    lint, unit tests and the end-to-end suite against the real stack"
-	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + node agent)"
+	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + the node)"
+	@echo "make images    pack the release binaries into OCI images on the node (make up does it)"
 	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
 	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
 	@echo "make bench-operator    operator RSS with N StreamApps (default 50) and apply-to-Ready times"
@@ -29,6 +30,11 @@ build: prereqs
 
 up: build
 	@bash $(STACK)/up.sh
+
+# The node's images from the release binaries; `make up` runs it, `make test` again once
+# the examples (the stuck-worker fixture) are built.
+images: build
+	@bash $(STACK)/images.sh
 
 down:
 	@bash $(STACK)/down.sh
@@ -58,6 +64,7 @@ test: lint up
 	# --workspace, not -p oxbow-worker: the same feature set as the build above, so no
 	# workspace crate is compiled a second time.
 	$(CARGO) build $(CARGO_PROFILE) --workspace --examples
+	@bash $(STACK)/images.sh
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
 # Worker figures alone (no peer): W1 at both guarantees and W3 restores, from the same

@@ -28,24 +28,27 @@ fn cache_dir() -> PathBuf {
 
 /// A variable from the environment, or else from `make up`'s env file.
 pub fn stack_var(name: &str) -> String {
+    stack_var_opt(name).unwrap_or_else(|| {
+        panic!(
+            "{name} is neither set nor in {}: run `make up` first",
+            cache_dir().join("stack/env").display()
+        )
+    })
+}
+
+/// [`stack_var`], or `None` when neither the environment nor the env file has it.
+pub fn stack_var_opt(name: &str) -> Option<String> {
     if let Ok(v) = std::env::var(name)
         && !v.is_empty()
     {
-        return v;
+        return Some(v);
     }
-    let env_file = cache_dir().join("stack/env");
-    let text = std::fs::read_to_string(&env_file).unwrap_or_else(|_| {
-        panic!(
-            "{name} is not set and {} does not exist: run `make up` first",
-            env_file.display()
-        )
-    });
+    let text = std::fs::read_to_string(cache_dir().join("stack/env")).ok()?;
     text.lines()
         .filter_map(|l| l.strip_prefix("export "))
         .filter_map(|l| l.split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("{name} is missing from {}", env_file.display()))
 }
 
 /// Kafka's bootstrap servers for the test process.
@@ -62,6 +65,14 @@ pub fn kafka_bootstrap_in_cluster() -> String {
         Ok(v) if !v.is_empty() => v,
         _ => kafka_bootstrap(),
     }
+}
+
+/// What pods put in `spec.kafka.bootstrapServers` for the stack's secured listener
+/// `name` (`KAFKA_BOOTSTRAP_SASL_SSL`, `KAFKA_BOOTSTRAP_MTLS`): `<name>_IN_CLUSTER` when
+/// the stack sets it (the local node's pods reach the broker on the bridge's address,
+/// which the host reaches too), else `name`.
+pub fn kafka_listener_for_pods(name: &str) -> String {
+    stack_var_opt(&format!("{name}_IN_CLUSTER")).unwrap_or_else(|| stack_var(name))
 }
 
 /// Whether the suite runs on a kind cluster (`OXBOW_E2E_TARGET=kind`, set by

@@ -298,12 +298,23 @@ pub struct RunningApp {
 
 impl RunningApp {
     pub async fn start(prefix: &str, configure: impl FnOnce(CountingApp) -> CountingApp) -> Self {
+        Self::start_with(prefix, &[], configure).await
+    }
+
+    /// As [`RunningApp::start`], with more arguments for the operator.
+    pub async fn start_with(
+        prefix: &str,
+        operator_args: &[&str],
+        configure: impl FnOnce(CountingApp) -> CountingApp,
+    ) -> Self {
         install_crd();
         let client = kube_client().await;
         let ns = TestNamespace::create(&client, prefix).await;
         let source = unique("events");
         kafka::create_topic(&source, 12).await;
-        let operator = OperatorProcess::start_with(&ns.name, &["--failover-timeout", "15s"]);
+        let mut args = vec!["--failover-timeout", "15s"];
+        args.extend_from_slice(operator_args);
+        let operator = OperatorProcess::start_with(&ns.name, &args);
         let app = configure(CountingApp::new(&unique("count"), &source));
         kafka::create_topic(&app.sink(), 12).await;
         let (ok, _, err) = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&app.manifest()));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds what the node runs besides the kubelet and kube-proxy (build-k8s.sh): CoreDNS
-# and the local-path provisioner from their Go modules, crictl from sigs.k8s.io/cri-tools,
+# Builds what the node runs besides the kubelet and kube-proxy (build-k8s.sh): CoreDNS,
+# the local-path provisioner and kube-router (NetworkPolicy) from their Go modules, crictl from sigs.k8s.io/cri-tools,
 # and the pod sandbox's pause program (node/pause.c, static). Cached under
 # $NODE_TOOLS/bin, keyed by version.
 source "$(dirname "$0")/lib.sh"
@@ -27,6 +27,7 @@ go_tool() {
 go_tool coredns github.com/coredns/coredns "$COREDNS_VERSION"
 go_tool local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
 go_tool crictl sigs.k8s.io/cri-tools/cmd/crictl "$CRICTL_VERSION"
+go_tool kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$KUBE_ROUTER_VERSION"
 
 if [[ ! -x "$bin/pause" || "$STACK_SRC/node/pause.c" -nt "$bin/pause" ]]; then
   log "building the pause program"

@@ -46,23 +46,26 @@ kubectl rollout status deployment/oxbow -n oxbow-system --timeout=180s
 kubectl get deployment,pods -n oxbow-system -o wide
 op_pod=$(kubectl get pods -n oxbow-system -l app.kubernetes.io/component=operator \
   --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
-op_log="$STACK_DIR/node/logs/oxbow-system_${op_pod}_operator.log"
 # A previous run's app (maybe an older image) goes first; its topics and volumes are kept.
 kubectl delete streamapp -n "$ns" fraud-detection --ignore-not-found --wait=true --timeout=120s >/dev/null
 for t in payments risk-alerts users; do
   kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" \
     --create --if-not-exists --topic "$t" --partitions 4
 done
-sed -e "s|bootstrapServers: .*|bootstrapServers: $KAFKA_BOOTSTRAP|" \
+# Pods reach the broker on the node's bridge address.
+sed -e "s|bootstrapServers: .*|bootstrapServers: $KAFKA_BOOTSTRAP_IN_CLUSTER|" \
   "$here/../../examples/fraud-detection.yaml" | kubectl apply -n "$ns" -f -
 kubectl wait -n "$ns" --for=condition=Ready streamapp/fraud-detection --timeout=180s \
-  || { tail -n 40 "$op_log"; die "fraud-detection did not become Ready (operator log above: $op_log)"; }
+  || { kubectl logs -n oxbow-system "$op_pod" --tail 40; die "fraud-detection did not become Ready (operator log above)"; }
 kubectl get streamapp -n "$ns"
 kubectl get streamapp -n "$ns" fraud-detection \
   -o jsonpath='{range .status.topics[*]}   topic {.name}: {.partitions} partitions, ready={.ready}{"\n"}{end}'
 kubectl get streamapp -n "$ns" fraud-detection \
   -o jsonpath='{range .status.instances[*]}   pod {.pod} ({.address}): {.state}, active tasks {.activeTasks}, standby tasks {.standbyTasks}{"\n"}{end}'
-kubectl get statefulset,pods,pvc -n "$ns" -l oxbow.dev/streamapp=fraud-detection
+kubectl get statefulset,pods,pvc -n "$ns" -l oxbow.dev/streamapp=fraud-detection -o wide
+echo "   the operator and the workers are containers on the node (crictl ps):"
+"$NODE_TOOLS/bin/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" ps --name 'operator|worker' | sed 's/^/     /'
+
 
 echo "== Payments through the real workers"
 # A fresh user each run (state outlives runs) with a limit of 150000 in the users table;
@@ -92,7 +95,7 @@ for _ in $(seq 30); do
   grep -q '"count":7' <<<"$alerts" && break
 done
 grep -q '"count":7' <<<"$alerts" \
-  || die "no alert with count 7 for $user reached risk-alerts (worker logs: $STACK_DIR/node/logs/${ns}_fraud-detection-*_worker.log)"
+  || die "no alert with count 7 for $user reached risk-alerts (worker logs: kubectl logs -n $ns fraud-detection-0)"
 grep -q '"count":8' <<<"$alerts" && die "the duplicate payment was counted: $alerts"
 grep '"count":7' <<<"$alerts" | grep -q '"limit":150000' || die "the alert does not carry the user's own limit from the users table: $alerts"
 echo "   alerts on risk-alerts (read_committed; the duplicate was not counted):"
@@ -127,4 +130,4 @@ curl -fsS -H "Authorization: Bearer $token" "http://$ip/v1/stores/per-user/keys/
 
 echo
 echo "Demo OK. The stack keeps running: . $STACK_DIR/env; kubectl get sapp -A; make status; make down"
-echo "Operator log: $op_log (helm uninstall oxbow -n oxbow-system removes it)"
+echo "Operator log: kubectl logs -n oxbow-system deploy/oxbow (helm uninstall oxbow -n oxbow-system removes it)"

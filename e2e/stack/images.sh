@@ -119,11 +119,12 @@ image oxbow-operator 65532:65532 "oxbow-operator:$version oxbow-operator:test gh
   "$release/oxbow-operator=/usr/local/bin/oxbow-operator"
 image oxbow-standin 65532:65532 "oxbow-standin:test" \
   "$release/oxbow-standin-worker=/usr/local/bin/oxbow-standin-worker"
-# The small test image: the test program, and busybox for `kubectl exec` and for the
-# local-path provisioner's helper pods (mkdir, rm).
+# The small test image: the test program, kubectl (a pod checks its own identity with
+# it), and busybox for `kubectl exec` and the local-path provisioner's helper pods.
 root="$work/oxbow-testpod/rootfs"
 rm -rf "$root"; base_rootfs "$root"
 add_binary "$root" "$release/oxbow-testpod" /usr/local/bin/oxbow-testpod
+add_binary "$root" "$K8S_BIN/kubectl" /usr/local/bin/kubectl
 cp /bin/busybox "$root/bin/busybox" 2>/dev/null || { mkdir -p "$root/bin"; cp /bin/busybox "$root/bin/busybox"; }
 for applet in sh mkdir rm ls cat sleep chmod; do ln -sf busybox "$root/bin/$applet"; done
 pack oxbow-testpod 65532:65532 '["/usr/local/bin/oxbow-testpod"]' oxbow-testpod:e2e oxbow-testpod:demo "oxbow-testpod:$version"

@@ -70,10 +70,11 @@ PAUSE_IMAGE=oxbow-pause:3.10
 : "${COREDNS_VERSION:=v1.12.4}"
 : "${LOCAL_PATH_VERSION:=v0.0.30}"
 : "${CRICTL_VERSION:=v1.34.0}"
+: "${KUBE_ROUTER_VERSION:=v2.1.0}"
 NODE_TOOLS="$OXBOW_CACHE/node-tools"
 # Bumped when the stack's addresses or PKI change shape: `make up` then starts the
 # cluster's state (etcd, PKI, node) afresh instead of mixing two layouts.
-STACK_LAYOUT=2
+STACK_LAYOUT=3
 KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 K8S_BIN="$OXBOW_CACHE/k8s/$K8S_VERSION/bin"
 ETCD_BIN="$OXBOW_CACHE/etcd/$ETCD_VERSION/bin"

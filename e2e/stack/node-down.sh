@@ -4,6 +4,7 @@
 # the kubelet and containerd mounted under $NODE_DIR and removes kube-proxy's rules.
 # Volumes' data stays (make clean-stack removes it).
 source "$(dirname "$0")/lib.sh"
+stop kube-router
 stop kube-proxy
 stop kubelet
 crictl="$NODE_TOOLS/bin/crictl"
@@ -19,6 +20,8 @@ if [[ -d "$NODE_DIR" ]]; then
   done
 fi
 [[ -x "$K8S_BIN/kube-proxy" ]] && "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+# kube-router's NetworkPolicy chains and ipsets.
+[[ -x "$NODE_TOOLS/bin/kube-router" ]] && "$NODE_TOOLS/bin/kube-router" --cleanup-config >/dev/null 2>&1 || true
 # The CNI plugins' own chains (portmap, bridge), if any were made.
 if command -v iptables-save >/dev/null; then
   for table in nat filter; do

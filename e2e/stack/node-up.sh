@@ -17,6 +17,7 @@ render() {
     -e "s|@NETWORK_RANGE@|$NETWORK_RANGE|g" -e "s|@CLUSTER_DNS_IP@|$CLUSTER_DNS_IP|g" \
     -e "s|@PAUSE_IMAGE@|$PAUSE_IMAGE|g" -e "s|@NODE_NAME@|$NODE_NAME|g" \
     -e "s|@COREDNS_VERSION@|$COREDNS_VERSION|g" -e "s|@LOCAL_PATH_VERSION@|$LOCAL_PATH_VERSION|g" \
+    -e "s|@KUBE_ROUTER_VERSION@|$KUBE_ROUTER_VERSION|g" \
     "$here/node/$1" >"$2.new"
   if [[ -f "$2" ]] && cmp -s "$2.new" "$2"; then rm -f "$2.new"; return 1; fi
   mv "$2.new" "$2"
@@ -55,8 +56,8 @@ node_ready() {
 }
 wait_for "node $NODE_NAME to register Ready (log: $LOGS/kubelet.log)" 120 node_ready
 
-# Cluster DNS and volumes, as pods of the node.
-for addon in coredns local-path; do
+# Cluster DNS and volumes as pods of the node; kube-router's read access.
+for addon in coredns local-path kube-router; do
   render "$addon.yaml.in" "$NODE_DIR/addons/$addon.yaml" || true
   kubectl_admin apply --server-side --force-conflicts --field-manager oxbow-stack \
     -f "$NODE_DIR/addons/$addon.yaml" >/dev/null || die "applying the $addon addon failed"
@@ -67,3 +68,16 @@ deployment_ready() {
 wait_for "CoreDNS to be ready (kubectl -n kube-system logs deploy/coredns)" 120 deployment_ready kube-system coredns
 wait_for "the local-path provisioner to be ready (kubectl -n local-path-storage logs deploy/local-path-provisioner)" \
   120 deployment_ready local-path-storage local-path-provisioner
+
+# NetworkPolicy: kube-router's firewall alone (no routing, no service proxy: kube-proxy
+# has Services), as a process of the stack, with iptables and ipset on the host. It
+# filters traffic to and from pods on the node by their policies.
+if ! running kube-router; then
+  start kube-router "$NODE_TOOLS/bin/kube-router" --kubeconfig "$PKI/kube-router.kubeconfig" \
+    --hostname-override "$NODE_NAME" --run-firewall=true --run-router=false \
+    --run-service-proxy=false --enable-cni=false --enable-ipv6=false \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --health-port 20244 --metrics-port 0 --v=1
+fi
+kube_router_healthy() { curl -fsS "http://127.0.0.1:20244/healthz"; }
+wait_for "kube-router to be healthy (log: $LOGS/kube-router.log)" 60 kube_router_healthy

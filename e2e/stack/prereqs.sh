@@ -17,6 +17,17 @@ command -v curl >/dev/null || missing+=(curl)
 # bindgen (rocksdb's sys crate) loads libclang at build time.
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
 command -v clang >/dev/null || missing+=(clang)
+# The node: containerd with runc, the CNI plugins, iptables for kube-proxy and the guard
+# chain, ipset for kube-router, iproute2 for the bridge, busybox for the test image's shell.
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v ipset >/dev/null || missing+=(ipset)
+command -v ip >/dev/null || missing+=(iproute2)
+[[ -x /bin/busybox ]] || missing+=(busybox-static)
+command -v strip >/dev/null || missing+=(binutils)
+[[ -e /usr/lib/x86_64-linux-gnu/libc.a ]] || missing+=(libc6-dev)
 
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then

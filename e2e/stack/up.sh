@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # `make up`: builds what is missing (cached), then starts etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and a Kafka broker on loopback, and the node:
-# the kubelet with containerd on a bridge (node-up.sh), or the emulated agent with
-# OXBOW_NODE=emulated. Idempotent: what runs and answers is left alone.
+# the kubelet with containerd, its pods on a bridge (network.sh, node-up.sh).
+# Idempotent: what runs and answers is left alone.
 source "$(dirname "$0")/lib.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$SECONDS
-
-: "${OXBOW_NODE:=emulated}"
-[[ "$OXBOW_NODE" == kubelet || "$OXBOW_NODE" == emulated ]] || die "OXBOW_NODE is kubelet or emulated, not '$OXBOW_NODE'"
 
 # A stack made with other addresses or PKI (an older checkout) starts afresh: its data is
 # disposable, and two layouts in one etcd or one PKI would not work together.
 if [[ -d "$STACK_DIR" && "$(cat "$STACK_DIR/layout" 2>/dev/null)" != "$STACK_LAYOUT" ]]; then
   log "the stack's layout changed (now $STACK_LAYOUT): stopping it and starting its state afresh"
   bash "$here/down.sh"
+  # Layout 1 ran pods as host processes under a node agent of our own; stop any left.
+  stop oxbow-node
+  for f in "$STACK_DIR/node/pids"/*.pid; do
+    [[ -f "$f" ]] && kill -KILL -- "-$(cat "$f")" 2>/dev/null || true
+  done
   rm -rf "$STACK_DIR/etcd" "$STACK_DIR/pki" "$STACK_DIR/kafka-pki" "$STACK_DIR/kafka" "$STACK_DIR/node"
 fi
 mkdir -p "$STACK_DIR"
@@ -26,7 +28,7 @@ bash "$here/build-helm.sh"
 bash "$here/fetch-kafka.sh"
 bash "$here/pki.sh"
 bash "$here/kafka-pki.sh"
-[[ "$OXBOW_NODE" == kubelet ]] && bash "$here/build-node.sh"
+bash "$here/build-node.sh"
 mkdir -p "$RUN" "$LOGS"
 # The bridge first: Kafka and the API server listen on its address for pods.
 bash "$here/network.sh"
@@ -123,42 +125,8 @@ if ! running kube-scheduler; then
     --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false --profiling=false --v=1
 fi
 
-# --- the node
-if [[ "$OXBOW_NODE" == kubelet ]]; then
-  running oxbow-node && stop oxbow-node
-  bash "$here/node-up.sh"
-else
-  for name in kube-proxy kubelet; do running "$name" && stop "$name"; done
-  # The emulated agent (plays the kubelet); images map to the workspace's binaries.
-  # The image map is rewritten on every `make up`; the agent reads it at each container start.
-  mkdir -p "$STACK_DIR/node"
-  cat >"$STACK_DIR/node/images.yaml" <<IMAGES
-# image pattern -> local binary; '*' matches any tag. Written by e2e/stack/up.sh.
-images:
-  - image: "oxbow-worker:*"
-    binary: "$CARGO_TARGET_DIR/release/oxbow-worker"
-  - image: "oxbow-operator:*"
-    binary: "$CARGO_TARGET_DIR/release/oxbow-operator"
-  - image: "oxbow-standin:*"
-    binary: "$CARGO_TARGET_DIR/release/oxbow-standin-worker"
-  - image: "oxbow-testpod:*"
-    binary: "$CARGO_TARGET_DIR/release/oxbow-testpod"
-  - image: "oxbow-stuck:*"
-    binary: "$CARGO_TARGET_DIR/release/examples/stuck_step"
-IMAGES
-  if ! running oxbow-node; then
-    node_bin="$CARGO_TARGET_DIR/release/oxbow-node"
-    [[ -x "$node_bin" ]] || die "$node_bin is missing: run 'make build' (make up does it for you)"
-    start oxbow-node "$node_bin" --kubeconfig "$PKI/node.kubeconfig" --node-name "$NODE_NAME" \
-      --root "$STACK_DIR/node" --images "$STACK_DIR/node/images.yaml" \
-      --api-server "https://127.0.0.1:$APISERVER_PORT" --ca-file "$PKI/ca.crt" \
-      --kubernetes-version "$K8S_VERSION"
-  fi
-  node_ready() {
-    [[ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
-  }
-  wait_for "node $NODE_NAME to register Ready (log: $LOGS/oxbow-node.log)" 60 node_ready
-fi
+# --- the node: containerd, the kubelet, kube-proxy, the images and the node's addons
+bash "$here/node-up.sh"
 sa_ready() { kubectl_admin get serviceaccount default -n default; }
 wait_for "the default ServiceAccount (controller-manager log: $LOGS/kube-controller-manager.log)" 60 sa_ready
 
@@ -190,9 +158,7 @@ wait_for "Kafka to accept the SCRAM-SHA-512 user over SASL_SSL on 127.0.0.1:$KAF
 
 # Everything must still run: a component that died right after starting would otherwise
 # hide behind state a previous run left in etcd (a Ready node, a ServiceAccount).
-node_parts=(oxbow-node)
-[[ "$OXBOW_NODE" == kubelet ]] && node_parts=(containerd kubelet kube-proxy)
-for name in etcd kube-apiserver kube-controller-manager kube-scheduler "${node_parts[@]}" kafka; do
+for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router kafka; do
   running "$name" || die "$name exited right after starting; see $LOGS/$name.log"
 done
 
@@ -204,7 +170,6 @@ export KAFKA_BOOTSTRAP="$KAFKA_BOOTSTRAP"
 export KAFKA_BOOTSTRAP_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_PORT"
 export KAFKA_BOOTSTRAP_SASL_SSL_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_SASL_SSL_PORT"
 export KAFKA_BOOTSTRAP_MTLS_IN_CLUSTER="$BRIDGE_IP:$KAFKA_POD_MTLS_PORT"
-export OXBOW_NODE="$OXBOW_NODE"
 # The secured listeners, for any Kafka client: SASL_SSL (SCRAM-SHA-512/256 or PLAIN as
 # the user below) and SSL with a client certificate; both verify the broker against
 # KAFKA_CA_FILE (PEM).

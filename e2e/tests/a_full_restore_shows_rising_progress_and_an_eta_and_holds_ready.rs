@@ -149,7 +149,13 @@ async fn a_full_restore_shows_rising_progress_and_an_eta_and_holds_ready() {
         .standbys(0);
     let name = app.name.clone();
     kafka::create_topic(&app.sink(), TASKS).await;
-    let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&app.manifest()));
+    // Half a CPU (the kubelet enforces it): the restore then lasts long enough for the
+    // status, written at most every 10 s while restoring, to show it rising.
+    let manifest = app.manifest().replace(
+        "  storage: {size: 1Gi}",
+        "  resources: {limits: {cpu: 500m}}\n  storage: {size: 1Gi}",
+    );
+    let (ok, _, err) = kubectl(&["apply", "-n", &n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply: {err}");
     let api: Api<StreamApp> = Api::namespaced(client.clone(), &n);
 

@@ -13,8 +13,8 @@ use oxbow_crds::StreamApp;
 use oxbow_e2e::credentials::create_secret;
 use oxbow_e2e::credentials::replace_secret;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
-    requires_local_stack, stack_var, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_listener_for_pods, kube_client,
+    kubectl, requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, pod_field, pod_uid, produce, read_committed};
 
@@ -108,7 +108,7 @@ async fn an_app_counts_exactly_once_over_sasl_ssl_with_scram_sha_512() {
     );
     let app = apply(
         &ns.name,
-        &stack_var("KAFKA_BOOTSTRAP_SASL_SSL"),
+        &kafka_listener_for_pods("KAFKA_BOOTSTRAP_SASL_SSL"),
         "kafka-creds",
     )
     .await;
@@ -136,7 +136,12 @@ async fn an_app_counts_exactly_once_over_mutual_tls() {
             ("ssl.key.pem", stack_var("KAFKA_CLIENT_KEY_FILE")),
         ],
     );
-    let app = apply(&ns.name, &stack_var("KAFKA_BOOTSTRAP_MTLS"), "kafka-tls").await;
+    let app = apply(
+        &ns.name,
+        &kafka_listener_for_pods("KAFKA_BOOTSTRAP_MTLS"),
+        "kafka-tls",
+    )
+    .await;
     counts_exactly_once(&ns.name, &app, &operator).await;
     apps::delete_all(&Api::<StreamApp>::namespaced(client, &ns.name)).await;
     ns.delete().await;
@@ -154,7 +159,12 @@ async fn a_changed_secret_replaces_the_operators_client_and_rolls_the_workers() 
     let api: Api<StreamApp> = Api::namespaced(client.clone(), &ns.name);
     let ca = [("ssl.ca.pem", stack_var("KAFKA_CA_FILE"))];
     create_secret(&ns.name, "creds", &scram("an-old-password"), &ca);
-    let app = apply(&ns.name, &stack_var("KAFKA_BOOTSTRAP_SASL_SSL"), "creds").await;
+    let app = apply(
+        &ns.name,
+        &kafka_listener_for_pods("KAFKA_BOOTSTRAP_SASL_SSL"),
+        "creds",
+    )
+    .await;
     wait_for(
         "the old password to be refused",
         Duration::from_secs(90),
@@ -266,13 +276,13 @@ async fn a_wrong_password_and_an_untrusted_certificate_are_reported_without_a_re
     let started = Instant::now();
     let wrong = apply(
         &ns.name,
-        &stack_var("KAFKA_BOOTSTRAP_SASL_SSL"),
+        &kafka_listener_for_pods("KAFKA_BOOTSTRAP_SASL_SSL"),
         "wrong-password",
     )
     .await;
     let untrusted = apply(
         &ns.name,
-        &stack_var("KAFKA_BOOTSTRAP_MTLS"),
+        &kafka_listener_for_pods("KAFKA_BOOTSTRAP_MTLS"),
         "untrusted-cert",
     )
     .await;

@@ -7,30 +7,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oxbow_e2e::harness::{requires_local_stack, stack_var, wait_for};
-use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, pod_uid, read_committed};
-
-/// SIGKILLs the worker container of `pod`, as the OOM killer would.
-fn kill9(ns: &str, pod: &str) {
-    let uid = pod_uid(ns, pod);
-    let pid_file = std::path::Path::new(&stack_var("OXBOW_STACK_DIR"))
-        .join("node/pids")
-        .join(format!("{uid}-worker.pid"));
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
-        .trim()
-        .parse()
-        .expect("pid");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("SIGKILL the worker");
-}
+use oxbow_e2e::containers::kill9;
+use oxbow_e2e::harness::{requires_local_stack, wait_for};
+use oxbow_e2e::streams::{Input, RunningApp, http_get, keys, read_committed};
 
 #[tokio::test]
 async fn killed_actives_hand_over_to_standbys_without_double_counting() {
-    if requires_local_stack("SIGKILLs worker processes through the node agent's pid files") {
+    if requires_local_stack("SIGKILLs worker containers' processes from the node's host") {
         return;
     }
     let run = RunningApp::start("alos", |mut a| {
@@ -55,7 +38,7 @@ async fn killed_actives_hand_over_to_standbys_without_double_counting() {
             }
         })
         .await;
-        kill9(&n, &pod);
+        kill9(&n, &pod, "worker");
         run.wait_ready("180s");
         // The app reads Ready only once the restarted container reported again.
         wait_for(

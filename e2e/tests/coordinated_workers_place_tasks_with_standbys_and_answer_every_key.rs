@@ -235,7 +235,8 @@ subjects:
     assert!(ok, "rbac: {err}");
     let reader = service_account_token(n, "reader");
     let stranger = service_account_token(n, "stranger");
-    // A key that one pod must forward to its owner.
+    // A key that one pod must forward to its owner, which it reaches by the owner's DNS
+    // name under the headless Service (`--peer-domain`): the answer proves cluster DNS.
     let (asked, addr) = &addresses[0];
     let forwarded = first_key(addr, &keys, |v| v["servedBy"] != asked.as_str())
         .await

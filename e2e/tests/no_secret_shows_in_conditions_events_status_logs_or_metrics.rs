@@ -14,8 +14,8 @@ use kube::api::Api;
 use oxbow_crds::StreamApp;
 use oxbow_e2e::credentials::create_secret;
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
-    requires_local_stack, stack_var, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_listener_for_pods, kube_client,
+    kubectl, requires_local_stack, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::{CountingApp, http_get};
 use oxbow_e2e::workers::worker_bin;
@@ -49,7 +49,7 @@ async fn apply(ns: &str, secret: Option<&str>, manifest_property: Option<(&str, 
         .replicas(1)
         .standbys(0);
     if let Some(s) = secret {
-        app = app.kafka(&stack_var("KAFKA_BOOTSTRAP_SASL_SSL"), s);
+        app = app.kafka(&kafka_listener_for_pods("KAFKA_BOOTSTRAP_SASL_SSL"), s);
     }
     let mut manifest = app.manifest();
     if let Some((k, v)) = manifest_property {
@@ -231,7 +231,10 @@ async fn a_sentinel_in_every_secret_property_shows_nowhere_after_every_error_pat
     let dir = std::env::temp_dir().join(unique("leak-worker"));
     std::fs::create_dir_all(&dir).expect("dir");
     let manifest = CountingApp::new(&unique("leak"), "events")
-        .kafka(&stack_var("KAFKA_BOOTSTRAP_SASL_SSL"), "mounted")
+        .kafka(
+            &kafka_listener_for_pods("KAFKA_BOOTSTRAP_SASL_SSL"),
+            "mounted",
+        )
         .manifest();
     let mut worker_output = String::new();
     for (secret, says) in [

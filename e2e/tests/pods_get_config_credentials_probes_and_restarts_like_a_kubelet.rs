@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use oxbow_e2e::harness::{
-    TestNamespace, kube_client, kubectl, kubectl_path, requires_local_stack, wait_for,
-};
+use oxbow_e2e::containers::{main_pid, process_alive};
+use oxbow_e2e::harness::{TestNamespace, kube_client, kubectl, requires_local_stack, wait_for};
 
 fn pod_manifest(name: &str, extra_container_yaml: &str, args: &str) -> String {
     format!(
@@ -63,7 +62,7 @@ fn restarts(p: &Pod) -> i32 {
 #[tokio::test]
 async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     if requires_local_stack(
-        "checks the node agent's kubelet emulation (oxbow-testpod image, container processes in /proc)",
+        "runs the oxbow-testpod image and reads container processes in the node's /proc",
     ) {
         return;
     }
@@ -88,7 +87,8 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     // 1. Env + ConfigMap volume + identity: the exec readiness probe passes only if the
     //    pod's own kubeconfig authenticates as its ServiceAccount and RBAC denies it
     //    what it was not granted.
-    let kubectl_bin = kubectl_path().display().to_string();
+    // The test image carries kubectl; in the pod it uses the in-cluster configuration.
+    let kubectl_bin = "kubectl";
     let identity_probe = format!(
         r#"    readinessProbe:
       periodSeconds: 1
@@ -115,7 +115,11 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
         },
     )
     .await;
-    let ip = p.status.and_then(|s| s.pod_ip).expect("pod IP");
+    let ip = p
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
     let body = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -133,9 +137,13 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     );
 
     // 2. Deleting the pod stops its process and removes the object.
-    let pid: i32 = p_container_pid(&pods, "config")
-        .await
-        .expect("container pid");
+    let id = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first()?.container_id.clone())
+        .expect("container ID");
+    let pid = main_pid(&id).expect("the container's process on the node");
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
     pods.delete("config", &DeleteParams::default())
         .await
@@ -197,22 +205,4 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     assert!(!cs.ready);
 
     ns.delete().await;
-}
-
-async fn p_container_pid(pods: &Api<Pod>, name: &str) -> Option<i32> {
-    let p = pods.get(name).await.ok()?;
-    let id = p
-        .status?
-        .container_statuses?
-        .into_iter()
-        .next()?
-        .container_id?;
-    id.rsplit('/').next()?.parse().ok()
-}
-
-fn process_alive(pid: i32) -> bool {
-    // A zombie is dead for our purposes; the agent reaps its children.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
-        .unwrap_or(false)
 }

@@ -107,9 +107,8 @@ async fn http(method: reqwest::Method, url: &str, body: &str) -> Result<(u16, St
 
 #[tokio::test]
 async fn statefulset_pods_become_ready_keep_their_volume_and_scale() {
-    if requires_local_stack(
-        "checks the node agent's kubelet emulation (oxbow-testpod image, local volumes)",
-    ) {
+    if requires_local_stack("runs the oxbow-testpod image and checks the local stack's pod network")
+    {
         return;
     }
     let client = kube_client().await;
@@ -126,8 +125,8 @@ async fn statefulset_pods_become_ready_keep_their_volume_and_scale() {
     let ips: BTreeSet<&String> = two.iter().map(|(_, _, ip)| ip).collect();
     assert_eq!(ips.len(), 2, "each pod has its own IP: {two:?}");
     assert!(
-        two.iter().all(|(_, _, ip)| ip.starts_with("127.")),
-        "pod IPs are loopback: {two:?}"
+        two.iter().all(|(_, _, ip)| ip.starts_with("198.18.")),
+        "pod IPs are on the node's bridge network 198.18.0.0/16: {two:?}"
     );
     let (_, uid0, ip0) = two
         .iter()

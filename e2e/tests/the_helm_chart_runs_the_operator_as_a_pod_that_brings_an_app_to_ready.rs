@@ -15,23 +15,20 @@ use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{
     TestNamespace, apps, helm, install_crd, kafka, kube_client, kubectl, requires_local_stack,
-    stack_var, unique, wait_for, wait_streamapp_ready, workspace_root,
+    unique, wait_for, wait_streamapp_ready, workspace_root,
 };
 use oxbow_e2e::streams::{CountingApp, keys, produce, wait_exactly_once};
 
 const SELECTOR: &str = "app.kubernetes.io/name=oxbow,app.kubernetes.io/component=operator";
 
-/// The operator pod's log as the local node agent writes it, for failure messages.
+/// The operator pod's last log lines, through the kubelet, for failure messages.
 fn operator_logs(ns: &str, pod: &str) -> String {
-    let path = std::path::PathBuf::from(stack_var("OXBOW_STACK_DIR"))
-        .join("node/logs")
-        .join(format!("{ns}_{pod}_operator.log"));
-    std::fs::read_to_string(&path)
-        .map(|t| {
-            let lines: Vec<&str> = t.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        })
-        .unwrap_or_else(|e| format!("(no log at {}: {e})", path.display()))
+    let (ok, out, err) = kubectl(&["logs", "-n", ns, pod, "--tail", "40"], None);
+    if ok {
+        out
+    } else {
+        format!("(kubectl logs {ns}/{pod} failed: {err})")
+    }
 }
 
 #[tokio::test]

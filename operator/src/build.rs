@@ -390,9 +390,15 @@ pub fn build(
     let mut container = json!({
         "name": "worker",
         "image": spec.image.clone().unwrap_or_else(|| cx.default_image.clone()),
+        // A tagged image is immutable here: pull it only when the node lacks it, so nodes
+        // loaded without a registry (kind load, the local stack) run it too.
+        "imagePullPolicy": "IfNotPresent",
         "args": ["run", "--config", format!("{CONFIG_MOUNT}/{CONFIG_FILE}"), "--state-dir", STATE_MOUNT,
-                 "--listen", format!("$(POD_IP):{HTTP_PORT}"),
-                 "--metrics-listen", format!("$(POD_IP):{METRICS_PORT}")],
+                 // All addresses (the worker reports $(POD_IP)); peers are reached by
+                 // their DNS names under the headless Service.
+                 "--listen", format!("0.0.0.0:{HTTP_PORT}"),
+                 "--metrics-listen", format!("0.0.0.0:{METRICS_PORT}"),
+                 "--peer-domain", format!("{}.{}.svc", app.headless_service_name(), app.namespace().unwrap_or_default())],
         "env": env,
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
@@ -596,6 +602,7 @@ spec:
         assert_eq!(claim["storageClassName"], "fast");
         let ctr = &spec["template"]["spec"]["containers"][0];
         assert_eq!(ctr["image"], "oxbow-worker:0.1.0");
+        assert_eq!(ctr["imagePullPolicy"], "IfNotPresent");
         assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/readyz");
         assert_eq!(ctr["livenessProbe"]["httpGet"]["path"], "/healthz");
         let env: Vec<&str> = ctr["env"]

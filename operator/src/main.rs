@@ -122,6 +122,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.log_format == "text" {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
             .with_writer(writer)
             .init();
     } else {

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Process records until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Load and validate a manifest, compile its expressions, and exit.
     Check {
         #[arg(long)]
@@ -73,6 +73,11 @@ struct RunArgs {
     /// and OXBOW_STREAMAPP, and renews this pod's report Lease.
     #[arg(long, env = "OXBOW_ASSIGNMENT_CONFIGMAP")]
     assignment_configmap: Option<String>,
+    /// Coordinated: reach another pod for a routed query at `<pod>.<domain>` (the
+    /// operator passes the StatefulSet's headless Service, `<service>.<namespace>.svc`),
+    /// on the port of its reported address, instead of at its reported IP.
+    #[arg(long, env = "OXBOW_PEER_DOMAIN")]
+    peer_domain: Option<String>,
     /// Standalone: every instance's HTTP address (`host:port`), in instance order, so a
     /// query for a key another instance owns is forwarded there.
     #[arg(long, value_delimiter = ',')]
@@ -85,6 +90,21 @@ struct RunArgs {
     /// or a restore it runs, has made no turn for this long.
     #[arg(long, env = "OXBOW_LIVENESS_TIMEOUT", default_value = "60s", value_parser = duration)]
     liveness_timeout: std::time::Duration,
+}
+
+/// The address other pods and clients reach this worker at: `--listen` itself, or, when
+/// it listens on all addresses, the pod's IP (`POD_IP`) with its port.
+fn advertised(listen: SocketAddr) -> anyhow::Result<String> {
+    if !listen.ip().is_unspecified() {
+        return Ok(listen.to_string());
+    }
+    let ip = std::env::var("POD_IP").map_err(|_| {
+        anyhow::anyhow!("failed to start coordinated: --listen {listen} needs the environment variable POD_IP, the address to report")
+    })?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|e| {
+        anyhow::anyhow!("failed to start coordinated: POD_IP {ip:?} is not an IP address: {e}")
+    })?;
+    Ok(SocketAddr::new(ip, listen.port()).to_string())
 }
 
 fn duration(s: &str) -> Result<std::time::Duration, String> {
@@ -100,6 +120,8 @@ pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode 
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,librdkafka=warn".into()),
         )
+        // Colours only on a terminal: a container's log (kubectl logs) is plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Every line is scrubbed of the secrets of the app's Kafka configuration.
         .with_writer(|| oxbow_crds::redact::ScrubbingWriter::new(std::io::stderr()))
         .init();
@@ -108,7 +130,7 @@ pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode 
         Command::Check { config } => crate::App::load(&config, None)
             .map(|a| println!("{}: ok ({} steps)", a.application_id, a.steps.len()))
             .map_err(anyhow::Error::from),
-        Command::Run(a) => run(a, extra),
+        Command::Run(a) => run(*a, extra),
         Command::Digest { config, state_dir } => digest(&config, &state_dir),
     };
     match result {
@@ -140,7 +162,8 @@ fn run(a: RunArgs, extra: Vec<crate::ProcessorFactory>) -> anyhow::Result<()> {
                 app: var("OXBOW_STREAMAPP")?,
                 pod: var("POD_NAME")?,
                 config_map: cm.clone(),
-                address: a.listen.to_string(),
+                address: advertised(a.listen)?,
+                peer_domain: a.peer_domain.clone(),
             })
         }
     };

@@ -30,6 +30,18 @@ pub struct CoordConfig {
     pub config_map: String,
     /// `host:port` of this pod's HTTP server, for routed queries.
     pub address: String,
+    /// When set, other pods are reached at `<pod>.<peer_domain>` (cluster DNS for the
+    /// StatefulSet's headless Service) rather than at the IP they report.
+    pub peer_domain: Option<String>,
+}
+
+/// Where a routed query for `pod` goes: its DNS name under `domain` with the port of
+/// the address it reported, or that address itself.
+pub fn peer_address(pod: &str, reported: &str, domain: Option<&str>) -> String {
+    match (domain, reported.rsplit_once(':')) {
+        (Some(d), Some((_, port))) => format!("{pod}.{d}:{port}"),
+        _ => reported.to_string(),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -301,7 +313,11 @@ pub async fn run(cfg: CoordConfig, shared: Arc<Shared>) -> Result<(), CoordError
         }));
         let addresses = instances
             .iter()
-            .filter_map(|i| Some((i.pod.clone(), i.address.clone()?)))
+            .filter(|i| i.pod != cfg.pod)
+            .filter_map(|i| {
+                let a = peer_address(&i.pod, i.address.as_deref()?, cfg.peer_domain.as_deref());
+                Some((i.pod.clone(), a))
+            })
             .chain([(cfg.pod.clone(), cfg.address.clone())])
             .collect();
         if let Ok(mut r) = shared.routing.write() {
@@ -380,6 +396,23 @@ mod tests {
     use super::*;
     use crate::status::TaskStatus;
     use oxbow_crds::assignment::{PreviousActive, TaskPlacement};
+
+    #[test]
+    fn a_peer_is_reached_by_its_dns_name_on_its_reported_port_when_a_domain_is_set() {
+        let d = Some("app-workers.ns.svc");
+        assert_eq!(
+            peer_address("app-1", "198.18.1.9:8080", d),
+            "app-1.app-workers.ns.svc:8080"
+        );
+        assert_eq!(
+            peer_address("app-1", "198.18.1.9:8080", None),
+            "198.18.1.9:8080"
+        );
+        assert_eq!(
+            peer_address("app-1", "[fd00::9]:8080", d),
+            "app-1.app-workers.ns.svc:8080"
+        );
+    }
 
     fn assignment(
         generation: i64,

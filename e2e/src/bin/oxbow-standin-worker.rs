@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 
 fn main() {
+    oxbow_e2e::exit_on_termination();
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
         args.iter()

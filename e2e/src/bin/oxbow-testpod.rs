@@ -2,7 +2,10 @@
 //!
 //! `GET /healthz`, `GET /readyz`, `GET /whoami` (pod name and IP), and
 //! `PUT|GET /files/<name>` to write and read files in its data directory (a volume).
-//! Standard library only, so it builds in seconds.
+//! `oxbow-testpod get <url>` is a client instead: one `GET http://host:port/path`
+//! (the host by name or IP), the body on stdout, exit 0 on a 2xx answer, 1 otherwise
+//! (refused, timed out after 5 s, or another status). Standard library only, so it
+//! builds in seconds.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,7 +44,59 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
+/// `get <url>`: one HTTP/1.0 GET, the body to stdout; exit 0 only on a 2xx answer.
+fn get(url: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: only http:// URLs"))?;
+    let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(host_port)
+        .map_err(|e| format!("{host_port}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host_port}: no address"))?;
+    let timeout = Duration::from_secs(5);
+    let mut stream =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    write!(stream, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status.starts_with('2') {
+        Ok(body.to_string())
+    } else {
+        Err(format!(
+            "{url}: {}",
+            head.lines().next().unwrap_or("no answer")
+        ))
+    }
+}
+
 fn main() {
+    oxbow_e2e::exit_on_termination();
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("get") {
+        match argv.get(2).map(|u| get(u)) {
+            Some(Ok(body)) => {
+                print!("{body}");
+                std::process::exit(0);
+            }
+            Some(Err(e)) => {
+                eprintln!("oxbow-testpod get: {e}");
+                std::process::exit(1);
+            }
+            None => {
+                eprintln!("oxbow-testpod get: a URL is required");
+                std::process::exit(2);
+            }
+        }
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
