@@ -25,7 +25,10 @@ async fn unreachable_kafka_is_reported_and_deletion_gives_up_after_the_timeout()
     // Port 9 on loopback: nothing listens, connections are refused at once.
     let lost = unique("lost");
     let manifest = apps::manifest(&lost, &[&source], "  deletionPolicy: {topics: Delete}\n")
-        .replace(&oxbow_e2e::harness::kafka_bootstrap(), "127.0.0.1:9");
+        .replace(
+            &oxbow_e2e::harness::kafka_bootstrap_in_cluster(),
+            "127.0.0.1:9",
+        );
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply: {err}");
     let healthy = unique("healthy");
