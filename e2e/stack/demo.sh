@@ -64,7 +64,7 @@ kubectl get streamapp -n "$ns" fraud-detection \
   -o jsonpath='{range .status.instances[*]}   pod {.pod} ({.address}): {.state}, active tasks {.activeTasks}, standby tasks {.standbyTasks}{"\n"}{end}'
 kubectl get statefulset,pods,pvc -n "$ns" -l oxbow.dev/streamapp=fraud-detection -o wide
 echo "   the operator and the workers are containers on the node (crictl ps):"
-"$NODE_TOOLS/bin/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" ps --name 'operator|worker' | sed 's/^/     /'
+"$NODE_TOOLS/bin/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" ps --name 'operator|worker' 2>/dev/null | sed 's/^/     /'
 
 
 echo "== Payments through the real workers"
