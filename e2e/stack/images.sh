@@ -125,7 +125,8 @@ root="$work/oxbow-testpod/rootfs"
 rm -rf "$root"; base_rootfs "$root"
 add_binary "$root" "$release/oxbow-testpod" /usr/local/bin/oxbow-testpod
 add_binary "$root" "$K8S_BIN/kubectl" /usr/local/bin/kubectl
-cp /bin/busybox "$root/bin/busybox" 2>/dev/null || { mkdir -p "$root/bin"; cp /bin/busybox "$root/bin/busybox"; }
+mkdir -p "$root/bin"
+cp /bin/busybox "$root/bin/busybox"
 for applet in sh mkdir rm ls cat sleep chmod; do ln -sf busybox "$root/bin/$applet"; done
 pack oxbow-testpod 65532:65532 '["/usr/local/bin/oxbow-testpod"]' oxbow-testpod:e2e oxbow-testpod:demo "oxbow-testpod:$version"
 # The wedging worker of the liveness test, an example: only after `cargo build --examples`.

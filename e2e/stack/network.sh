@@ -6,6 +6,7 @@
 # bridge to or from outside $NETWORK_RANGE: nothing leaves the machine. The values
 # changed are saved so `make down` (network-down.sh) restores them.
 source "$(dirname "$0")/lib.sh"
+[[ $(id -u) -eq 0 ]] || die "the node (bridge, iptables, containerd, kubelet) needs root: run make up as root"
 need ip "install iproute2"
 need iptables "install iptables"
 

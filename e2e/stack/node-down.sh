@@ -20,19 +20,27 @@ if [[ -d "$NODE_DIR" ]]; then
   done
 fi
 [[ -x "$K8S_BIN/kube-proxy" ]] && "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
-# kube-router's NetworkPolicy chains and ipsets.
-[[ -x "$NODE_TOOLS/bin/kube-router" ]] && "$NODE_TOOLS/bin/kube-router" --cleanup-config >/dev/null 2>&1 || true
-# The CNI plugins' own chains (portmap, bridge), if any were made.
-if command -v iptables-save >/dev/null; then
-  for table in nat filter; do
-    for chain in $(iptables-save -t "$table" 2>/dev/null | sed -n 's/^:\(CNI-[^ ]*\).*/\1/p'); do
+# drop_chains REGEX — every iptables chain whose name matches, in every table, and the
+# rules that jump to them: what kube-router (NetworkPolicy) and the CNI plugins made.
+# kube-router's own --cleanup-config needs the API server and panics without it.
+drop_chains() {
+  local re=$1 table rule chain
+  for table in filter nat mangle raw; do
+    iptables-save -t "$table" 2>/dev/null | grep -E -- "^-A .* -j ($re)" | sed 's/^-A /-D /' \
+      | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done || true
+    for chain in $(iptables-save -t "$table" 2>/dev/null | sed -n -E "s/^:(($re)[^ ]*).*/\1/p"); do
       iptables -t "$table" -F "$chain" 2>/dev/null || true
     done
-    for rule in $(iptables-save -t "$table" 2>/dev/null | grep -- '-j CNI-' | sed 's/^-A /-D /;s/ /@/g'); do
-      iptables -t "$table" ${rule//@/ } 2>/dev/null || true
-    done
-    for chain in $(iptables-save -t "$table" 2>/dev/null | sed -n 's/^:\(CNI-[^ ]*\).*/\1/p'); do
+    for chain in $(iptables-save -t "$table" 2>/dev/null | sed -n -E "s/^:(($re)[^ ]*).*/\1/p"); do
       iptables -t "$table" -X "$chain" 2>/dev/null || true
     done
   done
+}
+if command -v iptables-save >/dev/null; then
+  drop_chains 'KUBE-ROUTER|KUBE-POD-FW-|KUBE-NWPLCY-|KUBE-SRC-|KUBE-DST-|CNI-'
+fi
+if command -v ipset >/dev/null; then
+  ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' | while read -r set; do
+    ipset destroy "$set" 2>/dev/null || true
+  done || true
 fi
