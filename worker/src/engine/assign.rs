@@ -553,8 +553,20 @@ impl Engine {
             .stage(id.stage)
             .is_some_and(|s| !s.streams.is_empty())
         {
+            // Where each input starts, as a number: an input read from its beginning
+            // starts at its low watermark.
+            let mut starts = done.clone();
+            for topic in app.inputs(id.stage) {
+                if !starts.contains_key(topic)
+                    && let Ok((low, _)) =
+                        self.side
+                            .fetch_watermarks(topic, id.kafka_partition(), KAFKA_TIMEOUT)
+                {
+                    starts.insert(topic.clone(), low);
+                }
+            }
             self.merges
-                .insert(id, super::merge::Merge::new(app.inputs(id.stage)));
+                .insert(id, super::merge::Merge::new(app.inputs(id.stage), &starts));
         }
         self.tasks.insert(id, task);
         Ok(())

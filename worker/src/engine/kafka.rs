@@ -13,11 +13,14 @@ use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
 use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::statistics::Statistics;
 
 use super::commit::side_by_side;
+use super::merge::Fetched;
 use super::{EngineError, KAFKA_TIMEOUT};
 use crate::config::App;
 use crate::task::{SOURCE_HEADER, parse_source_header};
@@ -55,6 +58,100 @@ impl ProducerContext for Ctx {
 }
 
 pub(super) type KProducer = ThreadedProducer<Ctx>;
+
+/// How often the main consumer reports statistics when a stage merges two streams.
+const MERGE_STATISTICS_INTERVAL: &str = "100";
+
+/// The main consumer's latest statistics per partition: whether each input of a merged
+/// task has records not yet handed over (see [`super::merge`]). Empty unless the app
+/// merges streams (statistics are off otherwise).
+#[derive(Default)]
+pub(super) struct FetchWatch {
+    read_committed: bool,
+    latest: Mutex<HashMap<(String, i32), Fetched>>,
+    /// Set once statistics failed to parse (warned once).
+    unreadable: std::sync::atomic::AtomicBool,
+}
+
+impl FetchWatch {
+    pub(super) fn get(&self, topic: &str, partition: i32) -> Option<Fetched> {
+        let latest = self.latest.lock().ok()?;
+        latest.get(&(topic.to_string(), partition)).copied()
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct ConsumerCtx(pub(super) Arc<FetchWatch>);
+impl ClientContext for ConsumerCtx {
+    fn stats_raw(&self, json: &[u8]) {
+        match serde_json::from_slice::<Statistics>(json) {
+            Ok(s) => self.stats(s),
+            // Merged tasks then wait up to the idle time for a quiet input, as without
+            // statistics; say so once rather than every 100 ms.
+            Err(e)
+                if !self
+                    .0
+                    .unreadable
+                    .swap(true, std::sync::atomic::Ordering::Relaxed) =>
+            {
+                tracing::warn!(error = %e, "the consumer's statistics cannot be read: merged inputs wait by the idle time alone");
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn stats(&self, s: Statistics) {
+        let at = Instant::now();
+        let Ok(mut latest) = self.0.latest.lock() else {
+            return;
+        };
+        for (topic, t) in s.topics {
+            for p in t
+                .partitions
+                .values()
+                .filter(|p| p.partition >= 0 && p.desired)
+            {
+                // Under read_committed the consumer reads up to the last stable offset.
+                let end = match self.0.read_committed {
+                    true => p.ls_offset,
+                    false => p.hi_offset,
+                };
+                let fetched = Fetched {
+                    at,
+                    fetching: p.fetch_state == "active",
+                    app_offset: p.app_offset,
+                    end,
+                };
+                latest.insert((topic.clone(), p.partition), fetched);
+            }
+        }
+    }
+}
+impl ConsumerContext for ConsumerCtx {}
+
+/// The engine's consumer of sources, repartition topics, tables and changelogs.
+pub(super) type MainConsumer = BaseConsumer<ConsumerCtx>;
+
+/// The main consumer; it keeps statistics when a stage merges two streams.
+pub(super) fn main_consumer(app: &App) -> Result<(MainConsumer, Arc<FetchWatch>), EngineError> {
+    let merges = app.topology.stages.iter().any(|s| !s.streams.is_empty());
+    let watch = Arc::new(FetchWatch {
+        read_committed: app.guarantee == ProcessingGuarantee::ExactlyOnce,
+        latest: Mutex::default(),
+        unreadable: Default::default(),
+    });
+    let mut c = consumer_config(app, false);
+    if merges {
+        c.set("statistics.interval.ms", MERGE_STATISTICS_INTERVAL);
+    }
+    let consumer = c
+        .create_with_context(ConsumerCtx(watch.clone()))
+        .map_err(|source| EngineError::CreateClient {
+            what: "consumer",
+            source,
+        })?;
+    Ok((consumer, watch))
+}
 
 pub(super) enum Producers {
     /// One transactional producer per task: its id fences a zombie of that task.

@@ -56,7 +56,10 @@ use crate::task::Task;
 
 pub use topics::DEFAULT_PURGE_INTERVAL;
 
-use kafka::{Producers, Tracker, consumer_config, producer, transaction_timeout};
+use kafka::{
+    FetchWatch, MainConsumer, Producers, Tracker, consumer_config, main_consumer, producer,
+    transaction_timeout,
+};
 use replay::Marks;
 use standby::Standby;
 
@@ -173,7 +176,9 @@ pub struct Engine {
     app: Arc<App>,
     shared: Arc<Shared>,
     env: Env,
-    consumer: BaseConsumer,
+    consumer: MainConsumer,
+    /// The main consumer's statistics, for merged tasks.
+    fetch_watch: Arc<FetchWatch>,
     producers: Producers,
     tracker: Arc<Tracker>,
     /// Active tasks: they process source records and own their output.
@@ -229,25 +234,28 @@ impl Engine {
         opts: &RunOptions,
         shared: Arc<Shared>,
     ) -> Result<Self, EngineError> {
-        let consumer: BaseConsumer =
+        let (consumer, fetch_watch) = main_consumer(&app)?;
+        // Metadata and topic checks go through their own client (global tables keep
+        // it): the main consumer's connection is parked in long-poll fetches.
+        let metadata: BaseConsumer =
             consumer_config(&app, false)
                 .create()
                 .map_err(|source| EngineError::CreateClient {
-                    what: "consumer",
+                    what: "metadata",
                     source,
                 })?;
-        let task_count = source_task_count(&app, &consumer)?;
-        check_tables(&app, &consumer, task_count)?;
+        let task_count = source_task_count(&app, &metadata)?;
+        check_tables(&app, &metadata, task_count)?;
         let all_stores = all_stores(&app, task_count);
         topics::ensure_topics(
             &app,
-            &consumer,
+            &metadata,
             task_count,
             &all_stores,
             opts.coordination.is_some(),
         )?;
-        check_sink(&app, &consumer)?;
-        check_outputs(&app, &consumer)?;
+        check_sink(&app, &metadata)?;
+        check_outputs(&app, &metadata)?;
         // The topic each store's copies follow: its changelog, or a table's topic.
         let changelogs = all_stores
             .iter()
@@ -295,13 +303,6 @@ impl Engine {
                     source,
                 })?;
         let memory = SharedMemory::new(opts.memory_budget);
-        let metadata: BaseConsumer =
-            consumer_config(&app, false)
-                .create()
-                .map_err(|source| EngineError::CreateClient {
-                    what: "metadata",
-                    source,
-                })?;
         // Global tables are whole before any task runs.
         let lookups = Arc::new(lookups::WorkerLookups::bootstrap(
             &app,
@@ -329,6 +330,7 @@ impl Engine {
             shared,
             env: Env::default(),
             consumer,
+            fetch_watch,
             producers,
             tracker,
             tasks: BTreeMap::new(),

@@ -34,7 +34,11 @@ struct Timers {
     refresh: Instant,
     desired_check: Instant,
     standby_flush: Instant,
+    stalled: Instant,
 }
+
+/// How long a merged task waits on an input before the wait is logged (and how often).
+const STALLED_WARNING: Duration = Duration::from_secs(30);
 
 impl Timers {
     fn new() -> Self {
@@ -46,6 +50,7 @@ impl Timers {
             refresh: now,
             desired_check: now,
             standby_flush: now,
+            stalled: now,
         }
     }
 }
@@ -193,7 +198,8 @@ impl Engine {
         {
             return Err(EngineError::LeaseLapsed { since });
         }
-        // A merged task waiting on a quiet input goes on once it has waited long enough.
+        // A merged task waiting on an input goes on once it is caught up or has been
+        // waited for long enough.
         let waiting: Vec<TaskId> = self
             .merges
             .iter()
@@ -202,6 +208,17 @@ impl Engine {
             .collect();
         for id in waiting {
             self.drain_merged(id, out)?;
+        }
+        if timers.stalled.elapsed() >= STALLED_WARNING {
+            timers.stalled = Instant::now();
+            let now = Instant::now();
+            for (id, m) in &self.merges {
+                if let Some((input, waited)) = m.stalled(now).filter(|(_, w)| *w >= STALLED_WARNING)
+                {
+                    tracing::warn!(task = %id, input, waited_seconds = waited.as_secs(),
+                        "the task waits for records of an input that the consumer has not handed over yet; its other inputs wait with it (timestamp order)");
+                }
+            }
         }
         if timers.punctuate.elapsed() >= Duration::from_millis(100) {
             timers.punctuate = Instant::now();
@@ -255,11 +272,14 @@ impl Engine {
 
     /// Processes the buffered records of a merged task whose turn has come.
     fn drain_merged(&mut self, id: TaskId, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        let partition = id.kafka_partition();
         loop {
+            let watch = &self.fetch_watch;
+            let fetched = |topic: &str| watch.get(topic, partition);
             let Some(b) = self
                 .merges
                 .get_mut(&id)
-                .and_then(|m| m.next(Instant::now()))
+                .and_then(|m| m.next(Instant::now(), &fetched))
             else {
                 return Ok(());
             };
