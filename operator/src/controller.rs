@@ -1058,8 +1058,10 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         instances: vec![],
         topics: topic_statuses,
     };
-    write_status(ctx, app, &new_status).await?;
+    // The instances first: a condition naming a pod and its error is never seen before
+    // that pod's entry in status.instances.
     publish_reports(ctx, app, &ns, &instances, &previous.instances, &reports).await?;
+    write_status(ctx, app, &new_status).await?;
     if reset_done {
         if let Some(v) = &reset_verdict {
             ctx.event(

@@ -119,22 +119,29 @@ fn run_with_kills(guarantee: &str) -> (String, Vec<Out>) {
     let mut rng = Rng(0x9e3779b97f4a7c15);
     let mut kills = 0;
     let mut progressed = 0;
+    // Per run: records handled when ready and at the kill (None: no status), for the
+    // failure message.
+    let mut samples = Vec::new();
+    let mut last_log = String::new();
     while kills < 12 {
         let mut w = builder.spawn();
         w.wait_ready(Duration::from_secs(90));
-        let before = w.handled().unwrap_or(0);
+        let before = w.handled();
         // Random kill point: somewhere in the next 0.2–1.5 s of processing.
         std::thread::sleep(Duration::from_millis(200 + rng.next(1300)));
-        if w.handled().unwrap_or(0) > before {
+        let after = w.handled();
+        if after.unwrap_or(0) > before.unwrap_or(0) {
             progressed += 1;
         }
+        samples.push((before, after));
+        last_log = w.logs();
         w.kill9();
         kills += 1;
     }
     generator.join().unwrap();
     assert!(
         progressed >= 5,
-        "the worker must be killed mid-work, not only at start ({progressed} of {kills} runs made progress)"
+        "the worker must be killed mid-work, not only at start ({progressed} of {kills} runs made progress; handled when ready and at the kill: {samples:?}); last worker's log:\n{last_log}"
     );
 
     // Every stage: the aggregate is behind a repartition by value.k.
