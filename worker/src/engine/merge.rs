@@ -30,6 +30,18 @@ use crate::task::SourceMessage;
 /// How long a merged task waits for an input with nothing buffered.
 pub const MAX_IDLE: Duration = Duration::from_millis(500);
 
+/// Records a task may buffer while it waits for an input: beyond this the inputs it
+/// holds records of are paused (an awaited partition whose leader is away must not
+/// fill the worker's memory with the other's backlog), and resumed below half of it.
+pub const MAX_BUFFERED: usize = 20_000;
+
+/// A change of which inputs the consumer fetches for the task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flow {
+    Pause(Vec<String>),
+    Resume(Vec<String>),
+}
+
 /// A record the consumer handed over, owned while it waits for its turn.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Buffered {
@@ -96,6 +108,8 @@ pub struct Merge {
     waiting_since: Option<Instant>,
     /// The input the last wait was for, while it is known to be behind.
     behind: Option<usize>,
+    /// The inputs paused because too much was buffered (see [`MAX_BUFFERED`]).
+    paused: Vec<String>,
 }
 
 impl Merge {
@@ -108,7 +122,30 @@ impl Merge {
             inputs: inputs.to_vec(),
             waiting_since: None,
             behind: None,
+            paused: Vec::new(),
         }
+    }
+
+    /// Whether the consumer should pause the inputs the task holds records of (it waits
+    /// for another with [`MAX_BUFFERED`] records buffered), or resume them (below half).
+    pub fn flow(&mut self) -> Option<Flow> {
+        if self.paused.is_empty()
+            && self.len() >= MAX_BUFFERED
+            && self.queues.iter().any(VecDeque::is_empty)
+        {
+            self.paused = self
+                .inputs
+                .iter()
+                .zip(&self.queues)
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(t, _)| t.clone())
+                .collect();
+            return Some(Flow::Pause(self.paused.clone()));
+        }
+        if !self.paused.is_empty() && self.len() <= MAX_BUFFERED / 2 {
+            return Some(Flow::Resume(std::mem::take(&mut self.paused)));
+        }
+        None
     }
 
     /// Whether records of `topic` are merged (a table's rows are not: they are applied
@@ -355,6 +392,34 @@ mod tests {
         assert_eq!(
             m.next(t0 + MAX_IDLE, &looks_caught_up).map(|b| b.offset),
             Some(0)
+        );
+    }
+
+    #[test]
+    fn a_task_waiting_with_too_much_buffered_pauses_the_full_input_until_it_drains() {
+        let starts = BTreeMap::from([("a".to_string(), 0), ("b".to_string(), 0)]);
+        let mut m = Merge::new(&["a".into(), "b".into()], &starts);
+        let t0 = Instant::now();
+        let behind = |t: &str| (t == "b").then(|| fetched(t0, -1, 5));
+        for o in 0..MAX_BUFFERED as i64 - 1 {
+            m.push(rec("a", o, o));
+        }
+        assert_eq!(m.flow(), None, "below the limit");
+        m.push(rec("a", MAX_BUFFERED as i64, 0));
+        assert_eq!(m.flow(), Some(Flow::Pause(vec!["a".into()])));
+        assert_eq!(m.flow(), None, "paused once");
+        // b's records arrive: the merge drains a, and a resumes below half.
+        m.push(rec("b", 0, i64::MAX));
+        let mut resumed = None;
+        while m.next(t0, &behind).is_some() {
+            if let Some(f) = m.flow() {
+                resumed = Some((f, m.len()));
+                break;
+            }
+        }
+        assert_eq!(
+            resumed,
+            Some((Flow::Resume(vec!["a".into()]), MAX_BUFFERED / 2))
         );
     }
 

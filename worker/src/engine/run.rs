@@ -11,9 +11,10 @@ use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::Producer;
+use rdkafka::topic_partition_list::TopicPartitionList;
 
 use super::kafka::{KProducer, Producers, header};
-use super::merge::Buffered;
+use super::merge::{Buffered, Flow};
 use super::replay::{Admission, ORIGIN_HEADER, Origin};
 use super::standby::{STANDBY_BATCH, apply_standby_record};
 use super::{Engine, EngineError};
@@ -270,8 +271,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Processes the buffered records of a merged task whose turn has come.
+    /// Processes the buffered records of a merged task whose turn has come, then pauses
+    /// or resumes its inputs as its buffer stands.
     fn drain_merged(&mut self, id: TaskId, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        let r = self.process_merged(id, out);
+        self.merge_flow(id);
+        r
+    }
+
+    fn process_merged(&mut self, id: TaskId, out: &mut Vec<Output>) -> Result<(), EngineError> {
         let partition = id.kafka_partition();
         loop {
             let watch = &self.fetch_watch;
@@ -301,6 +309,36 @@ impl Engine {
                 continue;
             };
             self.finish_input(id, (&b.topic, b.partition, b.offset), &outcome, out)?;
+        }
+    }
+
+    /// Pauses or resumes a merged task's inputs as its buffer fills and drains.
+    fn merge_flow(&mut self, id: TaskId) {
+        let Some(flow) = self.merges.get_mut(&id).and_then(|m| m.flow()) else {
+            return;
+        };
+        let (topics, pause) = match flow {
+            Flow::Pause(t) => (t, true),
+            Flow::Resume(t) => (t, false),
+        };
+        let mut tpl = TopicPartitionList::new();
+        for t in &topics {
+            tpl.add_partition(t, id.kafka_partition());
+        }
+        let failed = self.tasks.get(&id).is_none_or(|t| t.failed.is_some());
+        let r = match (pause, failed) {
+            (true, _) => self.consumer.pause(&tpl),
+            // A failed task stays paused (errors.policy: fail).
+            (false, true) => Ok(()),
+            (false, false) => self.consumer.resume(&tpl),
+        };
+        match r {
+            Ok(()) => tracing::info!(task = %id, inputs = ?topics, paused = pause,
+                "merged inputs {} (buffered records while waiting for another input)",
+                if pause { "paused" } else { "resumed" }),
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "could not pause or resume merged inputs")
+            }
         }
     }
 
