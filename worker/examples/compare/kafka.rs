@@ -118,6 +118,14 @@ impl Kafka {
             .collect()
     }
 
+    /// The names of the cluster's topics.
+    pub fn topic_names(&self) -> Vec<String> {
+        self.meta
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map(|md| md.topics().iter().map(|t| t.name().to_string()).collect())
+            .unwrap_or_default()
+    }
+
     /// A consumer that only reads `group`'s committed offsets (it never joins the group).
     pub fn offsets_reader(&self, group: &str) -> BaseConsumer {
         ClientConfig::new()
@@ -255,4 +263,92 @@ pub fn read_all(bootstrap: &str, topic: &str, partitions: i32, mut f: impl FnMut
         }
     }
     n
+}
+
+/// The W3 restore limit: plain consumers with the worker's restore fetch sizes, one per
+/// partition on its own thread, read `topic` from its start to its end (read_committed,
+/// as an exactly-once restore does), touching each record but copying nothing. Each
+/// connects (reading its watermarks) before the clock starts, starts at an explicit
+/// offset and stops when its position reaches the end (a transaction marker is never
+/// delivered; waiting for librdkafka's end-of-partition event cost 1.5 s more).
+/// Returns the records read and the seconds from the start to the last partition's end.
+pub fn read_raw(bootstrap: &str, topic: &str, partitions: i32) -> Result<(u64, f64), String> {
+    let readers: Vec<(BaseConsumer, i32, i64, i64)> = (0..partitions)
+        .map(|p| {
+            let c: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap)
+                // librdkafka's assign needs a group; it is never joined.
+                .set("group.id", format!("{topic}-raw-reader"))
+                .set("enable.auto.commit", "false")
+                .set("isolation.level", "read_committed")
+                .set("fetch.max.bytes", "33554432")
+                .set("max.partition.fetch.bytes", "8388608")
+                .set("queued.max.messages.kbytes", "8192")
+                .set("queued.min.messages", "20000")
+                .create()
+                .map_err(|e| format!("raw reader: {e}"))?;
+            let (lo, hi) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .map_err(|e| format!("watermarks of {topic}[{p}]: {e}"))?;
+            Ok((c, p, lo, hi))
+        })
+        .collect::<Result<_, String>>()?;
+    let start = Instant::now();
+    let results: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = readers
+            .iter()
+            .map(|(c, p, lo, hi)| s.spawn(move || read_partition(c, topic, *p, *lo, *hi)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut n = 0;
+    for r in results {
+        n += r?;
+    }
+    Ok((n, seconds))
+}
+
+/// One partition of [`read_raw`]: `[lo, hi)`.
+fn read_partition(c: &BaseConsumer, topic: &str, p: i32, lo: i64, hi: i64) -> Result<u64, String> {
+    if lo >= hi {
+        return Ok(0);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, Offset::Offset(lo))
+        .map_err(|e| e.to_string())?;
+    c.assign(&tpl)
+        .map_err(|e| format!("assign {topic}[{p}]: {e}"))?;
+    let consumed = || {
+        c.position().is_ok_and(|pos| {
+            pos.find_partition(topic, p)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= hi))
+        })
+    };
+    let (mut n, mut bytes) = (0u64, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "reading {topic}[{p}] took over 600 s ({n} records)"
+            ));
+        }
+        match c.poll(Duration::from_millis(5)) {
+            Some(Ok(m)) => {
+                n += 1;
+                bytes += m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len);
+                if m.offset() + 2 >= hi && consumed() {
+                    break;
+                }
+            }
+            Some(Err(e)) => return Err(format!("reading {topic}[{p}]: {e}")),
+            None if consumed() => break,
+            None => {}
+        }
+    }
+    std::hint::black_box(bytes);
+    Ok(n)
 }

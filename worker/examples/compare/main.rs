@@ -9,7 +9,9 @@
 //! - W2: examples/dedupe.yaml (dedupe, map, sink, dead letters), exactly-once.
 //! - W3: restore of a changelog of BENCH_RESTORE_KEYS keys from an empty state directory,
 //!   and from a copy of the state BENCH_RESTORE_TAIL records behind; the restored store is
-//!   read back (a seeded sample and the tail's keys) before the figures count.
+//!   read back (a seeded sample and the tail's keys) before the figures count. With the
+//!   pipe engine selected, a plain consumer reading Oxbow's changelog to its end gives the
+//!   restore limit (the pipe column of the full-restore rows).
 //! - W4: W1 exactly-once (`w4`) and at-least-once (`w4alos`), SIGKILL half-way, restart on
 //!   the same state: time until every partition commits again, and the changelog records
 //!   replayed.
@@ -456,6 +458,50 @@ impl Bench {
                 engine::copy_dir(&s.state.with_extension("behind"), &s.state);
                 self.restore_once(s, &format!("tail run {run}"), "tail", tail as f64, &exp);
             }
+            if self.cfg.engines.contains(&Kind::Pipe)
+                && let Some(s) = specs.iter().find(|s| s.kind == Kind::Oxbow)
+            {
+                self.raw_changelog_read(s, run, keys as f64);
+            }
+        }
+    }
+
+    /// The restore limit (the pipe column of the W3 rows): a plain consumer reading
+    /// Oxbow's changelog as fast as it can, so a restore is seen as a fraction of what
+    /// the broker delivers.
+    fn raw_changelog_read(&mut self, s: &Spec, run: u64, min_records: f64) {
+        let label = format!("W3 full run {run} raw changelog read");
+        let suffix = "-per-key-changelog";
+        let Some(topic) = self
+            .k
+            .topic_names()
+            .into_iter()
+            .find(|t| t.ends_with(suffix) && t.contains(&s.app))
+        else {
+            self.report
+                .check(format!("{label}: no topic *{}*{suffix}", s.app), false);
+            return;
+        };
+        eprintln!("W3 run {run}: a plain consumer reads {topic}…");
+        match kafka::read_raw(&self.k.bootstrap, &topic, self.cfg.partitions) {
+            Ok((records, seconds)) => {
+                let ok = records as f64 >= min_records && seconds > 0.0;
+                self.report.check(
+                    format!("{label}: {records} records of {topic} in {seconds:.2} s, at least {min_records:.0} expected"),
+                    ok,
+                );
+                if ok {
+                    let records = records as f64;
+                    for (metric, better, v) in [
+                        ("full records/s", Better::Higher, records / seconds),
+                        ("full seconds", Better::Lower, seconds),
+                        ("full records", Better::Lower, records),
+                    ] {
+                        self.report.add("W3 restore", metric, better, Kind::Pipe, v);
+                    }
+                }
+            }
+            Err(e) => self.report.check(format!("{label}: {e}"), false),
         }
     }
 
