@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 
 use crate::config::App;
@@ -235,27 +235,22 @@ impl Engine {
         shared: Arc<Shared>,
     ) -> Result<Self, EngineError> {
         let (consumer, fetch_watch) = main_consumer(&app)?;
-        // Metadata and topic checks go through their own client (global tables keep
-        // it): the main consumer's connection is parked in long-poll fetches.
-        let metadata: BaseConsumer =
-            consumer_config(&app, false)
-                .create()
-                .map_err(|source| EngineError::CreateClient {
-                    what: "metadata",
-                    source,
-                })?;
-        let task_count = source_task_count(&app, &metadata)?;
-        check_tables(&app, &metadata, task_count)?;
+        // The checks go through the main consumer: it then knows the topics' leaders and
+        // is connected to them when the first tasks are assigned. With a separate client
+        // here, an at-least-once worker (ready at once, no producers to fence) sat up to
+        // seconds after a restart before its first fetch.
+        let task_count = source_task_count(&app, &consumer)?;
+        check_tables(&app, &consumer, task_count)?;
         let all_stores = all_stores(&app, task_count);
         topics::ensure_topics(
             &app,
-            &metadata,
+            &consumer,
             task_count,
             &all_stores,
             opts.coordination.is_some(),
         )?;
-        check_sink(&app, &metadata)?;
-        check_outputs(&app, &metadata)?;
+        check_sink(&app, &consumer)?;
+        check_outputs(&app, &consumer)?;
         // The topic each store's copies follow: its changelog, or a table's topic.
         let changelogs = all_stores
             .iter()
@@ -303,6 +298,13 @@ impl Engine {
                     source,
                 })?;
         let memory = SharedMemory::new(opts.memory_budget);
+        let metadata: BaseConsumer =
+            consumer_config(&app, false)
+                .create()
+                .map_err(|source| EngineError::CreateClient {
+                    what: "metadata",
+                    source,
+                })?;
         // Global tables are whole before any task runs.
         let lookups = Arc::new(lookups::WorkerLookups::bootstrap(
             &app,
@@ -365,7 +367,10 @@ impl Engine {
 
 /// The app's task count per stage: the source topics' partition count (validated to be
 /// the same for every source topic).
-fn source_task_count(app: &App, consumer: &BaseConsumer) -> Result<i32, EngineError> {
+fn source_task_count(
+    app: &App,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
+) -> Result<i32, EngineError> {
     let mut partitions = BTreeMap::new();
     for topic in &app.manifest.spec.source.topics {
         let md = consumer
@@ -400,7 +405,11 @@ fn all_stores(app: &App, task_count: i32) -> Vec<StoreName> {
 
 /// Each co-partitioned table's topic and each joined stream has the app's task count; a global
 /// table's topic exists.
-fn check_tables(app: &App, consumer: &BaseConsumer, task_count: i32) -> Result<(), EngineError> {
+fn check_tables(
+    app: &App,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
+    task_count: i32,
+) -> Result<(), EngineError> {
     let mut counts = BTreeMap::new();
     for topic in oxbow_crds::validate::join_topics(&app.manifest.spec) {
         let md = consumer
@@ -422,7 +431,10 @@ fn check_tables(app: &App, consumer: &BaseConsumer, task_count: i32) -> Result<(
 }
 
 /// The fixed topics of `to` steps exist (a producer would wait for them for ever).
-fn check_outputs(app: &App, consumer: &BaseConsumer) -> Result<(), EngineError> {
+fn check_outputs(
+    app: &App,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
+) -> Result<(), EngineError> {
     for (i, step) in app.manifest.spec.steps.iter().enumerate() {
         let Some(topic) = step.to.as_ref().and_then(|t| t.topic.as_ref()) else {
             continue;
@@ -468,7 +480,10 @@ fn output_topics(app: &App) -> Vec<String> {
 
 /// The sink belongs to the user (never created here): without this check a missing
 /// one shows only as a delivery timeout at the first commit.
-fn check_sink(app: &App, consumer: &BaseConsumer) -> Result<(), EngineError> {
+fn check_sink(
+    app: &App,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
+) -> Result<(), EngineError> {
     let Some(sink) = &app.manifest.spec.sink else {
         return Ok(());
     };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use oxbow_crds::StoreName;
 use oxbow_crds::names::changelog_topic;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -98,7 +98,7 @@ const OPERATOR_TOPICS_WAIT: Duration = Duration::from_secs(300);
 /// custom processors' stores, which the spec does not name.
 pub(super) fn ensure_topics(
     app: &App,
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
     tasks: i32,
     stores: &[StoreName],
     coordinated: bool,
@@ -204,7 +204,7 @@ pub(super) fn ensure_topics(
 
 /// Waits until every topic the spec wants exists (the operator creates them).
 fn wait_for_operator_topics(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<impl ConsumerContext + 'static>,
     wanted: &[oxbow_crds::topics::WantedTopic],
 ) -> Result<(), EngineError> {
     let deadline = Instant::now() + OPERATOR_TOPICS_WAIT;
