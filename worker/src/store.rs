@@ -114,6 +114,10 @@ impl SharedMemory {
         let mut t = BlockBasedOptions::default();
         t.set_block_cache(&self.cache);
         t.set_bloom_filter(10.0, false);
+        // Most reads of a windowed aggregate are of a window not written yet: a bloom
+        // filter over the memtable answers those without a skiplist search.
+        o.set_memtable_prefix_bloom_ratio(0.05);
+        o.set_memtable_whole_key_filtering(true);
         t.set_cache_index_and_filter_blocks(true);
         o.set_block_based_table_factory(&t);
         o
@@ -450,7 +454,13 @@ impl TaskDb {
     ) -> Result<Entries, StoreError> {
         let mut out = Vec::new();
         let mode = rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward);
-        for item in self.db.iterator_cf(self.cf(store)?, mode) {
+        // The bound stops RocksDB itself at `to`: without it, a seek whose range holds
+        // only deleted keys steps over every tombstone after it to find a live key.
+        let mut opts = rocksdb::ReadOptions::default();
+        if let Some(to) = to {
+            opts.set_iterate_upper_bound(to);
+        }
+        for item in self.db.iterator_cf_opt(self.cf(store)?, opts, mode) {
             if out.len() >= limit {
                 break;
             }
@@ -473,7 +483,11 @@ impl TaskDb {
     ) -> Result<Entries, StoreError> {
         let mut out = Vec::new();
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
-        for item in self.db.iterator_cf(self.cf(store)?, mode) {
+        let mut opts = rocksdb::ReadOptions::default();
+        if let Some(end) = upper_bound_of(prefix) {
+            opts.set_iterate_upper_bound(end);
+        }
+        for item in self.db.iterator_cf_opt(self.cf(store)?, opts, mode) {
             if out.len() >= limit {
                 break;
             }
@@ -487,6 +501,15 @@ impl TaskDb {
     }
 }
 
+/// The first key after every key starting with `prefix`; `None` when there is none
+/// (an empty prefix or only 0xff bytes).
+fn upper_bound_of(prefix: &[u8]) -> Option<Vec<u8>> {
+    let keep = prefix.iter().rposition(|b| *b != 0xff)?;
+    let mut end = prefix[..=keep].to_vec();
+    end[keep] += 1;
+    Some(end)
+}
+
 fn cf_name(store: &StoreName) -> String {
     format!("store.{store}")
 }
@@ -494,6 +517,14 @@ fn cf_name(store: &StoreName) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_upper_bound_skips_trailing_ff_bytes() {
+        assert_eq!(upper_bound_of(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(upper_bound_of(&[b'a', 0xff, 0xff]), Some(b"b".to_vec()));
+        assert_eq!(upper_bound_of(&[0xff]), None);
+        assert_eq!(upper_bound_of(b""), None);
+    }
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("oxbow-store-{name}-{}", std::process::id()));
