@@ -16,12 +16,12 @@ use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use super::kafka::{Producers, init_producers};
+use super::kafka::Producers;
 use super::quarantine;
 use super::replay::Marks;
-use super::restore::{RestoreJob, restore_tasks, restore_total, resume_without_group_offset};
+use super::restore::{restore_total, resume_without_group_offset};
 use super::{Engine, EngineError, KAFKA_TIMEOUT};
-use crate::status::{Desired, RestoreProgress, Role, TaskState, TaskStatus};
+use crate::status::{Desired, RestoreProgress, TaskState, TaskStatus};
 use crate::store::{Identity, StoreError, TaskDb};
 use crate::task::Task;
 
@@ -33,6 +33,12 @@ pub(super) const HANDOVER_TIMEOUT: Duration = Duration::from_secs(300);
 impl Engine {
     /// Applies a new desired state, if any, and retries hand-overs that were waiting.
     pub(super) fn apply_desired(&mut self) -> Result<(), EngineError> {
+        // One batch restores at a time, beside the loop; the next assignment is
+        // applied once it has finished (the restore itself notices a task placed
+        // elsewhere meanwhile).
+        if self.restoring.is_some() {
+            return self.poll_restore(false);
+        }
         let retry = !self.waiting.is_empty();
         if let Some(d) = self.shared.desired_since(&mut self.desired_seen) {
             tracing::info!(generation = d.generation, active = ?d.active, standby = ?d.standby,
@@ -66,14 +72,28 @@ impl Engine {
         for t in want_standby {
             self.start_standby(t, None)?;
         }
-        // 4. New actives: a warm standby is promoted (tail restore only). None
-        // processes before all are restored (this returns first), so they are reported
-        // Running together.
+        // 4. New actives: a warm standby is promoted (tail restore only). They restore
+        // on threads of their own while the running tasks go on (`restoring`); none
+        // processes before all are restored, so they are reported Running together.
         let batch = self.announce_actives(start_active)?;
+        if batch.is_empty() {
+            return self.after_start(&d, StartOutcome::default());
+        }
+        self.begin_restore(batch, d)
+    }
+
+    /// The end of applying an assignment, once its new actives are restored: those
+    /// placed elsewhere meanwhile become standbys, the others run, and the generation
+    /// is acknowledged unless the assignment moved on.
+    pub(super) fn after_start(
+        &mut self,
+        d: &Desired,
+        outcome: StartOutcome,
+    ) -> Result<(), EngineError> {
         let StartOutcome {
             started,
             superseded,
-        } = self.start_actives(batch)?;
+        } = outcome;
         let moved_on = !superseded.is_empty() || self.shared.desired_changed(self.desired_seen);
         if moved_on {
             // The assignment moved on while restoring: this generation is not
@@ -159,8 +179,8 @@ impl Engine {
         start_active: Vec<TaskId>,
     ) -> Result<Vec<(TaskId, Arc<TaskDb>)>, EngineError> {
         if !start_active.is_empty() {
-            // Restores hold this thread: nothing of the running tasks may stay open in
-            // a transaction (it would time out) or uncommitted meanwhile.
+            // The running tasks' work so far is committed before the fences and the
+            // committed-offsets request of the batch, which take a few round trips.
             self.commit_all()?;
         }
         let mut batch = Vec::new();
@@ -336,107 +356,11 @@ impl Engine {
         tpl
     }
 
-    /// Starts a batch of active tasks: fences each task's previous owner (exactly-once),
-    /// restores each store (a tail when the local copy is warm), then starts consuming
-    /// at the committed offsets.
-    ///
-    /// The round trips and restores of different tasks do not depend on each other, so
-    /// they overlap: fencing waits on librdkafka's coordinator timers (about 0.5 s per
-    /// producer, even on an idle broker) and a restore mostly on fetches. One after the
-    /// other, four tasks took 2-3 s to start after a crash with nothing to restore.
-    /// A task placed elsewhere while restoring comes back in `superseded`.
-    pub(super) fn start_actives(
-        &mut self,
-        batch: Vec<(TaskId, Arc<TaskDb>)>,
-    ) -> Result<StartOutcome, EngineError> {
-        let app = self.app.clone();
-        let snapshot = self.shared.snapshot();
-        for (id, _) in &batch {
-            let mut st = TaskStatus::new(*id);
-            st.state = TaskState::Restoring;
-            // The figures announced for the batch stand until the restore reports its own.
-            st.restore = snapshot.as_ref().and_then(|s| {
-                s.tasks
-                    .iter()
-                    .find(|t| t.task == *id && t.role == Role::Active)?
-                    .restore
-                    .clone()
-            });
-            self.shared.put_task(st);
-        }
-        self.shared.update(|s| s.state = "Restoring".into());
-        if let Producers::Transactional(m) = &mut self.producers {
-            // Fences any older producer with each task's id and aborts its open
-            // transaction, so the restores below read only committed data.
-            let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
-            for (id, p) in init_producers(&app, &self.tracker, &ids)? {
-                m.insert(id, (p, false));
-            }
-        }
-        let starting = self.resume_positions(batch)?;
-        let jobs: Vec<RestoreJob<'_>> = starting
-            .iter()
-            .map(|(id, db, done, _)| RestoreJob {
-                id: *id,
-                db,
-                stores: self.task_stores(*id),
-                // Under exactly-once read_committed already hides uncommitted work;
-                // the source-offset filter is for at-least-once.
-                committed: (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(done),
-            })
-            .collect();
-        let results = restore_tasks(&app, &self.side, &jobs, &self.shared);
-        drop(jobs);
-        let mut outcome = StartOutcome::default();
-        let mut first_error = None;
-        let mut assign = TopicPartitionList::new();
-        for ((id, db, mut done, missing), result) in starting.into_iter().zip(results) {
-            match result {
-                Ok(progress) => {
-                    tracing::info!(task = %id, mode = %progress.mode, restored = progress.restored, skipped = progress.skipped,
-                        seconds = progress.seconds, rate = progress.records_per_second, "restored");
-                    if app.guarantee == ProcessingGuarantee::ExactlyOnce {
-                        // Exactly-once restores every committed changelog record: a
-                        // topic without a group offset resumes past all of them.
-                        resume_past_state(id, &mut done, &missing, &progress);
-                        self.committed.insert(id, done.clone());
-                    }
-                    self.finish_start(id, db, done, &mut assign)?;
-                    outcome.started.push(id);
-                }
-                Err(EngineError::Superseded(_)) => {
-                    if let Producers::Transactional(m) = &mut self.producers {
-                        m.remove(&id);
-                    }
-                    self.committed.remove(&id);
-                    if let Ok(mut dbs) = self.shared.dbs.write() {
-                        dbs.remove(&id);
-                    }
-                    outcome.superseded.push((id, db));
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        // One assignment for the batch: partitions added one by one wait behind the
-        // long-poll fetch of those added before (up to fetch.wait.max.ms each).
-        if assign.count() > 0 {
-            self.consumer
-                .incremental_assign(&assign)
-                .map_err(EngineError::AssignPartitions)?;
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(outcome),
-        }
-    }
-
     /// Where each task of a batch resumes: what Kafka says is committed (the truth for
     /// where to resume and what to restore, one request for the whole batch), else the
     /// position kept with the state; and a stage > 0 task's replay marks.
     #[allow(clippy::type_complexity)]
-    fn resume_positions(
+    pub(super) fn resume_positions(
         &mut self,
         batch: Vec<(TaskId, Arc<TaskDb>)>,
     ) -> Result<Vec<Resuming>, EngineError> {
@@ -602,17 +526,17 @@ impl Engine {
 /// placed elsewhere while they restored, with their stores.
 #[derive(Default)]
 pub(super) struct StartOutcome {
-    started: Vec<TaskId>,
-    superseded: Vec<(TaskId, Arc<TaskDb>)>,
+    pub(super) started: Vec<TaskId>,
+    pub(super) superseded: Vec<(TaskId, Arc<TaskDb>)>,
 }
 
 /// A task about to restore: its store, where it resumes, and the input topics Kafka
 /// had no committed offset for.
-type Resuming = (TaskId, Arc<TaskDb>, BTreeMap<String, i64>, Vec<String>);
+pub(super) type Resuming = (TaskId, Arc<TaskDb>, BTreeMap<String, i64>, Vec<String>);
 
 /// Moves the position of each input topic that had no group offset past the work the
 /// restored state holds (see [`resume_without_group_offset`]).
-fn resume_past_state(
+pub(super) fn resume_past_state(
     id: TaskId,
     done: &mut BTreeMap<String, i64>,
     missing: &[String],

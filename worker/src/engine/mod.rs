@@ -35,6 +35,7 @@ mod oversize;
 pub mod quarantine;
 pub mod replay;
 pub mod restore;
+mod restoring;
 mod run;
 mod standby;
 mod topics;
@@ -193,9 +194,14 @@ pub struct Engine {
     limits: Arc<oversize::Limits>,
     /// Committed source offsets per task (what Kafka holds), for the restore filter.
     committed: BTreeMap<TaskId, BTreeMap<String, i64>>,
-    /// The restore consumer, unassigned after restore: it asks for watermarks (lag) on
-    /// a connection that is not parked in the main consumer's long-poll fetches.
+    /// A consumer for watermarks (lag), committed offsets and restore planning, on a
+    /// connection that is not parked in the main consumer's long-poll fetches.
     side: BaseConsumer,
+    /// The consumer restores read with; held by the restore threads while a batch
+    /// restores (created on first use).
+    restorer: Option<BaseConsumer>,
+    /// A batch of new actives restoring beside the loop (`restoring`).
+    restoring: Option<restoring::Restoring>,
     memory: SharedMemory,
     state_dir: PathBuf,
     /// At-least-once under the operator: a lapsed lease stops the worker (see
@@ -340,6 +346,8 @@ impl Engine {
             standbys: BTreeMap::new(),
             committed: BTreeMap::new(),
             side: restore_consumer,
+            restorer: None,
+            restoring: None,
             memory,
             lookups,
             state_dir: opts.state_dir.clone(),
@@ -361,6 +369,7 @@ impl Engine {
         // Standalone: restore and start every task before processing. Coordinated: the
         // worker stays Starting (not ready) until it has applied an assignment.
         engine.apply_desired()?;
+        engine.poll_restore(true)?;
         Ok(engine)
     }
 }

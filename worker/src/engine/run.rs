@@ -175,6 +175,7 @@ impl Engine {
             }
             self.periodic(&mut timers, &mut out)?;
         }
+        self.abandon_restore();
         tracing::info!("stopping: committing the current unit of work");
         self.shared.update(|s| s.state = "Stopping".into());
         self.commit_all()?;

@@ -47,21 +47,23 @@ pub(super) struct RestoreJob<'a> {
 /// At most this many restores run at once, each with its own consumer.
 pub(super) const RESTORE_THREADS: usize = 4;
 
-/// Restores the tasks of `jobs`, up to `RESTORE_THREADS` at a time, and returns each
-/// one's result in the order of `jobs`. The first thread uses `side`; the others
-/// their own consumers (a consumer's assignment is one restore at a time). Bulk loads
-/// share the sort memory of one: the chunk shrinks with the number of threads.
+/// Restores the tasks of `jobs`, up to `RESTORE_THREADS` (and `max_threads`) at a
+/// time, and returns each one's result in the order of `jobs`. The first thread uses
+/// `side` (the engine's restore consumer); the others their own consumers (a
+/// consumer's assignment is one restore at a time). Bulk loads share the sort memory
+/// of one: the chunk shrinks with the number of threads.
 pub(super) fn restore_tasks(
     app: &App,
     side: &BaseConsumer,
     jobs: &[RestoreJob<'_>],
     shared: &Shared,
+    max_threads: usize,
 ) -> Vec<Result<RestoreProgress, EngineError>> {
     let started = Instant::now();
     // More threads than cores only add contention: each restore keeps a core busy
-    // decoding and sorting while its consumer's threads fetch.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = jobs.len().clamp(1, RESTORE_THREADS.min(cores.max(1)));
+    // decoding and sorting while its consumer's threads fetch. The caller leaves a
+    // core to the running tasks.
+    let threads = jobs.len().clamp(1, RESTORE_THREADS.min(max_threads.max(1)));
     let chunk = (INGEST_CHUNK_BYTES / threads).max(MIN_INGEST_CHUNK_BYTES);
     if threads == 1 {
         return jobs
