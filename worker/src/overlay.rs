@@ -8,6 +8,7 @@
 //! RocksDB WriteBatch. This module owns that bookkeeping; it performs no I/O.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use oxbow_crds::StoreName;
 
@@ -26,30 +27,47 @@ pub enum Lookup<'a> {
     Miss,
 }
 
+/// Pending writes by store, then key: a read borrows the key it is given (no copy of
+/// the key or the store name per read, which every record does at least once).
+type Writes = BTreeMap<StoreName, BTreeMap<Vec<u8>, Option<Vec<u8>>>>;
+
 #[derive(Debug, Default)]
 pub struct Overlay {
     /// Writes of records that completed since the last commit; `None` is a delete.
-    dirty: BTreeMap<StoreKey, Option<Vec<u8>>>,
+    dirty: Writes,
     /// Writes of the record being processed.
-    scope: BTreeMap<StoreKey, Option<Vec<u8>>>,
+    scope: Writes,
     /// Records whose writes are in `dirty` since the last commit.
     records: u64,
 }
 
+fn store_mut<'a>(
+    w: &'a mut Writes,
+    store: &StoreName,
+) -> &'a mut BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+    if !w.contains_key(store) {
+        w.insert(store.clone(), BTreeMap::new());
+    }
+    w.get_mut(store).expect("inserted above")
+}
+
 impl Overlay {
     pub fn put(&mut self, store: &StoreName, key: &[u8], value: Vec<u8>) {
-        self.scope
-            .insert((store.clone(), key.to_vec()), Some(value));
+        store_mut(&mut self.scope, store).insert(key.to_vec(), Some(value));
     }
 
     pub fn delete(&mut self, store: &StoreName, key: &[u8]) {
-        self.scope.insert((store.clone(), key.to_vec()), None);
+        store_mut(&mut self.scope, store).insert(key.to_vec(), None);
     }
 
     /// The current record sees its own writes first, then earlier records' writes.
     pub fn get(&self, store: &StoreName, key: &[u8]) -> Lookup<'_> {
-        let k = (store.clone(), key.to_vec());
-        match self.scope.get(&k).or_else(|| self.dirty.get(&k)) {
+        let hit = self
+            .scope
+            .get(store)
+            .and_then(|m| m.get(key))
+            .or_else(|| self.dirty.get(store).and_then(|m| m.get(key)));
+        match hit {
             Some(Some(v)) => Lookup::Value(v),
             Some(None) => Lookup::Deleted,
             None => Lookup::Miss,
@@ -64,14 +82,14 @@ impl Overlay {
         from: &[u8],
         to: &[u8],
     ) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
-        let lo = (store.clone(), from.to_vec());
-        let hi = (store.clone(), to.to_vec());
         let mut out = BTreeMap::new();
-        if lo >= hi {
+        if from >= to {
             return out;
         }
         for map in [&self.dirty, &self.scope] {
-            for ((_, k), v) in map.range(lo.clone()..hi.clone()) {
+            let Some(m) = map.get(store) else { continue };
+            let bounds: (Bound<&[u8]>, Bound<&[u8]>) = (Bound::Included(from), Bound::Excluded(to));
+            for (k, v) in m.range::<[u8], _>(bounds) {
                 out.insert(k.clone(), v.clone());
             }
         }
@@ -80,8 +98,14 @@ impl Overlay {
 
     /// Every step succeeded: the record's writes join the next commit.
     pub fn commit_record(&mut self) {
-        let scope = std::mem::take(&mut self.scope);
-        self.dirty.extend(scope);
+        for (store, writes) in std::mem::take(&mut self.scope) {
+            match self.dirty.get_mut(&store) {
+                Some(m) => m.extend(writes),
+                None => {
+                    self.dirty.insert(store, writes);
+                }
+            }
+        }
         self.records += 1;
     }
 
@@ -92,7 +116,7 @@ impl Overlay {
 
     /// The record being processed has written something.
     pub fn has_scope(&self) -> bool {
-        !self.scope.is_empty()
+        self.scope.values().any(|m| !m.is_empty())
     }
 
     pub fn pending_records(&self) -> u64 {
@@ -100,18 +124,19 @@ impl Overlay {
     }
 
     pub fn dirty_keys(&self) -> usize {
-        self.dirty.len()
+        self.dirty.values().map(BTreeMap::len).sum()
     }
 
     /// The last value (or delete) of every key written since the last commit, in key
     /// order, for the changelog and the WriteBatch. The overlay is empty afterwards.
     pub fn drain(&mut self) -> Vec<Write> {
-        debug_assert!(
-            self.scope.is_empty(),
-            "drain inside a record's unit of work"
-        );
+        debug_assert!(!self.has_scope(), "drain inside a record's unit of work");
         self.records = 0;
-        std::mem::take(&mut self.dirty).into_iter().collect()
+        let mut out = Vec::with_capacity(self.dirty_keys());
+        for (store, writes) in std::mem::take(&mut self.dirty) {
+            out.extend(writes.into_iter().map(|(k, v)| ((store.clone(), k), v)));
+        }
+        out
     }
 }
 

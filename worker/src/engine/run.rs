@@ -193,6 +193,8 @@ impl Engine {
     /// The work the loop does on timers rather than per record: punctuation, commits,
     /// purges, standby checkpoints and reports.
     fn periodic(&mut self, timers: &mut Timers, out: &mut Vec<Output>) -> Result<(), EngineError> {
+        // One clock read for every timer below: this runs once per record.
+        let now = Instant::now();
         // Before anything is committed: a worker that can no longer prove it owns its
         // tasks stops here, with its uncommitted work left for the next owner.
         if self.lease_fences
@@ -211,9 +213,8 @@ impl Engine {
         for id in waiting {
             self.drain_merged(id, out)?;
         }
-        if timers.stalled.elapsed() >= STALLED_WARNING {
-            timers.stalled = Instant::now();
-            let now = Instant::now();
+        if now.saturating_duration_since(timers.stalled) >= STALLED_WARNING {
+            timers.stalled = now;
             for (id, m) in &self.merges {
                 if let Some((input, waited)) = m.stalled(now).filter(|(_, w)| *w >= STALLED_WARNING)
                 {
@@ -222,8 +223,8 @@ impl Engine {
                 }
             }
         }
-        if timers.punctuate.elapsed() >= Duration::from_millis(100) {
-            timers.punctuate = Instant::now();
+        if now.saturating_duration_since(timers.punctuate) >= Duration::from_millis(100) {
+            timers.punctuate = now;
             let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
             for id in ids {
                 out.clear();
@@ -236,10 +237,10 @@ impl Engine {
                 self.send_outputs(id, out, None)?;
             }
         }
-        if timers.refresh.elapsed() >= OFFSET_REFRESH {
+        if now.saturating_duration_since(timers.refresh) >= OFFSET_REFRESH {
             // An idle partition's offsets would expire (offsets.retention.minutes)
             // without a commit: commit every task's position now and then.
-            timers.refresh = Instant::now();
+            timers.refresh = now;
             for t in self
                 .tasks
                 .values_mut()
@@ -254,19 +255,22 @@ impl Engine {
             .map(|t| t.uncommitted)
             .max()
             .unwrap_or(0);
-        if timers.commit.elapsed() >= self.app.commit_interval || pending >= MAX_UNCOMMITTED {
+        if now.saturating_duration_since(timers.commit) >= self.app.commit_interval
+            || pending >= MAX_UNCOMMITTED
+        {
             self.commit_all()?;
+            // The interval runs from the end of a commit, as it always has.
             timers.commit = Instant::now();
         }
-        if self.last_purge.elapsed() >= self.purge_interval {
+        if now.saturating_duration_since(self.last_purge) >= self.purge_interval {
             self.purge_repartitions();
         }
-        if timers.standby_flush.elapsed() >= Duration::from_millis(500) {
-            timers.standby_flush = Instant::now();
+        if now.saturating_duration_since(timers.standby_flush) >= Duration::from_millis(500) {
+            timers.standby_flush = now;
             self.flush_standbys()?;
         }
-        if timers.report.elapsed() >= Duration::from_secs(2) {
-            timers.report = Instant::now();
+        if now.saturating_duration_since(timers.report) >= Duration::from_secs(2) {
+            timers.report = now;
             self.report();
         }
         Ok(())
