@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::kafka::Producers;
@@ -21,6 +21,7 @@ use super::quarantine;
 use super::replay::Marks;
 use super::restore::{restore_total, resume_without_group_offset};
 use super::{Engine, EngineError, KAFKA_TIMEOUT};
+use crate::config::App;
 use crate::status::{Desired, RestoreProgress, TaskState, TaskStatus};
 use crate::store::{Identity, StoreError, TaskDb};
 use crate::task::Task;
@@ -356,72 +357,6 @@ impl Engine {
         tpl
     }
 
-    /// Where each task of a batch resumes: what Kafka says is committed (the truth for
-    /// where to resume and what to restore, one request for the whole batch), else the
-    /// position kept with the state; and a stage > 0 task's replay marks.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn resume_positions(
-        &mut self,
-        batch: Vec<(TaskId, Arc<TaskDb>)>,
-    ) -> Result<Vec<Resuming>, EngineError> {
-        let app = self.app.clone();
-        // What Kafka says is committed: the truth for where to resume and what to
-        // restore. One request for the whole batch.
-        let mut tpl = TopicPartitionList::new();
-        for (id, _) in &batch {
-            for topic in app.inputs(id.stage) {
-                tpl.add_partition(topic, id.kafka_partition());
-            }
-        }
-        let committed_tpl = self
-            .consumer
-            .committed_offsets(tpl, KAFKA_TIMEOUT)
-            .map_err(|source| EngineError::CommittedOffsets {
-                group: app.application_id.clone(),
-                source,
-            })?;
-        let mut starting = Vec::new();
-        for (id, db) in batch {
-            let inputs = app.inputs(id.stage);
-            let mut done: BTreeMap<String, i64> = BTreeMap::new();
-            for e in committed_tpl.elements() {
-                if e.partition() == id.kafka_partition()
-                    && inputs.iter().any(|t| t == e.topic())
-                    && let Offset::Offset(o) = e.offset()
-                {
-                    done.insert(e.topic().to_string(), o);
-                    if id.stage > 0 {
-                        let upstream = app.inputs(id.stage - 1);
-                        self.resumed_marks
-                            .insert(id, Marks::decode(e.metadata(), upstream));
-                    }
-                }
-            }
-            // Kafka drops a group's offsets after offsets.retention.minutes without a
-            // commit; the positions kept with the state are then the best truth, far
-            // better than reprocessing the topic from the start into existing state.
-            let kept = db.checkpoint()?.source;
-            let mut missing = Vec::new();
-            for topic in inputs {
-                if done.contains_key(topic) {
-                    continue;
-                }
-                missing.push(topic.clone());
-                if let Some(pos) = kept.get(topic) {
-                    tracing::warn!(task = %id, topic, position = pos,
-                        "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
-                    done.insert(topic.clone(), *pos);
-                }
-            }
-            self.committed.insert(id, done.clone());
-            if let Ok(mut dbs) = self.shared.dbs.write() {
-                dbs.insert(id, db.clone());
-            }
-            starting.push((id, db, done, missing));
-        }
-        Ok(starting)
-    }
-
     /// Initialises a restored task's processors and adds its source partitions, at the
     /// committed offsets, to `assign`.
     pub(super) fn finish_start(
@@ -522,6 +457,65 @@ impl Engine {
     }
 }
 
+/// Where each task of a batch resumes: what Kafka says is committed (the truth for
+/// where to resume and what to restore, one request for the whole batch), else the
+/// position kept with the state; and a stage > 0 task's replay marks. Runs on the
+/// restore thread, after the batch's fences (nothing of the previous owners' is pending).
+pub(super) fn resume_positions(
+    app: &App,
+    consumer: &BaseConsumer,
+    batch: Vec<(TaskId, Arc<TaskDb>)>,
+) -> Result<(Vec<Resuming>, ResumedMarks), EngineError> {
+    let mut tpl = TopicPartitionList::new();
+    for (id, _) in &batch {
+        for topic in app.inputs(id.stage) {
+            tpl.add_partition(topic, id.kafka_partition());
+        }
+    }
+    let committed_tpl = consumer
+        .committed_offsets(tpl, KAFKA_TIMEOUT)
+        .map_err(|source| EngineError::CommittedOffsets {
+            group: app.application_id.clone(),
+            source,
+        })?;
+    let mut starting = Vec::new();
+    let mut marks = Vec::new();
+    for (id, db) in batch {
+        let inputs = app.inputs(id.stage);
+        let mut done: BTreeMap<String, i64> = BTreeMap::new();
+        for e in committed_tpl.elements() {
+            if e.partition() == id.kafka_partition()
+                && inputs.iter().any(|t| t == e.topic())
+                && let Offset::Offset(o) = e.offset()
+            {
+                done.insert(e.topic().to_string(), o);
+                if id.stage > 0 {
+                    let upstream = app.inputs(id.stage - 1);
+                    marks.push((id, Marks::decode(e.metadata(), upstream)));
+                }
+            }
+        }
+        // Kafka drops a group's offsets after offsets.retention.minutes without a
+        // commit; the positions kept with the state are then the best truth, far
+        // better than reprocessing the topic from the start into existing state.
+        let kept = db.checkpoint()?.source;
+        let mut missing = Vec::new();
+        for topic in inputs {
+            if done.contains_key(topic) {
+                continue;
+            }
+            missing.push(topic.clone());
+            if let Some(pos) = kept.get(topic) {
+                tracing::warn!(task = %id, topic, position = pos,
+                    "no committed offset in Kafka (expired or deleted group?): resuming from the position stored with the state");
+                done.insert(topic.clone(), *pos);
+            }
+        }
+        starting.push((id, db, done, missing));
+    }
+    Ok((starting, marks))
+}
+
 /// What starting a batch of active tasks came to: the tasks now running, and those
 /// placed elsewhere while they restored, with their stores.
 #[derive(Default)]
@@ -533,6 +527,9 @@ pub(super) struct StartOutcome {
 /// A task about to restore: its store, where it resumes, and the input topics Kafka
 /// had no committed offset for.
 pub(super) type Resuming = (TaskId, Arc<TaskDb>, BTreeMap<String, i64>, Vec<String>);
+
+/// The replay marks committed with the offsets of a batch's stage > 0 tasks.
+pub(super) type ResumedMarks = Vec<(TaskId, Marks)>;
 
 /// Moves the position of each input topic that had no group offset past the work the
 /// restored state holds (see [`resume_without_group_offset`]).

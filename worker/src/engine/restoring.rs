@@ -21,38 +21,43 @@ use oxbow_crds::{ProcessingGuarantee, StoreName, TaskId};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 
-use super::assign::{Resuming, StartOutcome, resume_past_state};
-use super::kafka::{Producers, consumer_config, init_producers};
+use super::assign::{ResumedMarks, Resuming, StartOutcome, resume_past_state, resume_positions};
+use super::kafka::{KProducer, Producers, Tracker, consumer_config, init_producers};
 use super::restore::{RestoreJob, restore_tasks};
 use super::{Engine, EngineError};
-use crate::status::{Desired, RestoreProgress, Role, TaskState, TaskStatus};
+use crate::config::App;
+use crate::status::{Desired, RestoreProgress, Role, Shared, TaskState, TaskStatus};
 use crate::store::TaskDb;
 
 type Results = Vec<Result<RestoreProgress, EngineError>>;
 
+/// What the restore thread hands back: the batch's fenced producers (exactly-once),
+/// where each task resumes, the replay marks of stage > 0 tasks, and each restore's
+/// result in the order of `starting`.
+struct Restored {
+    producers: Vec<(TaskId, KProducer)>,
+    starting: Vec<Resuming>,
+    marks: ResumedMarks,
+    results: Results,
+}
+
 /// A batch whose stores are restoring on their own threads.
 pub(super) struct Restoring {
-    handle: JoinHandle<(BaseConsumer, Results)>,
-    starting: Vec<Resuming>,
+    handle: JoinHandle<(BaseConsumer, Result<Restored, EngineError>)>,
+    /// The batch's tasks, for the error when the thread panics.
+    ids: Vec<TaskId>,
     /// The assignment that started the batch: acknowledged once it runs.
     desired: Desired,
 }
 
-/// One task's restore, owned, for the restore threads.
-struct Job {
-    id: TaskId,
-    db: Arc<TaskDb>,
-    stores: Vec<StoreName>,
-    committed: Option<BTreeMap<String, i64>>,
-}
-
 impl Engine {
-    /// Fences and positions a batch of new actives, then starts restoring it on threads
-    /// of its own (`restore_tasks`). The round trips and restores of different tasks do
-    /// not depend on each other, so they overlap: fencing waits on librdkafka's
-    /// coordinator timers (about 0.5 s per producer, even on an idle broker) and a
-    /// restore mostly on fetches. One after the other, four tasks took 2-3 s to start
-    /// after a crash with nothing to restore.
+    /// Starts a batch of new actives on a thread of its own: it fences each task's
+    /// previous owner, reads where each resumes and restores every store
+    /// (`restore_tasks`), all beside the loop. The fences wait on librdkafka's
+    /// coordinator timers (about 0.5 s, even on an idle broker): on the loop's thread
+    /// they held the running tasks that long. The round trips and restores of different
+    /// tasks do not depend on each other, so they overlap: one after the other, four
+    /// tasks took 2-3 s to start after a crash with nothing to restore.
     pub(super) fn begin_restore(
         &mut self,
         batch: Vec<(TaskId, Arc<TaskDb>)>,
@@ -60,7 +65,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let app = self.app.clone();
         let snapshot = self.shared.snapshot();
-        for (id, _) in &batch {
+        for (id, db) in &batch {
             let mut st = TaskStatus::new(*id);
             st.state = TaskState::Restoring;
             // The figures announced for the batch stand until the restore reports its own.
@@ -72,29 +77,14 @@ impl Engine {
                     .clone()
             });
             self.shared.put_task(st);
-        }
-        self.shared.update(|s| s.state = "Restoring".into());
-        if let Producers::Transactional(m) = &mut self.producers {
-            // Fences any older producer with each task's id and aborts its open
-            // transaction, so the restores below read only committed data.
-            let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
-            for (id, p) in init_producers(&app, &self.tracker, &ids)? {
-                m.insert(id, (p, false));
+            if let Ok(mut dbs) = self.shared.dbs.write() {
+                dbs.insert(*id, db.clone());
             }
         }
-        let starting = self.resume_positions(batch)?;
-        let jobs: Vec<Job> = starting
-            .iter()
-            .map(|(id, db, done, _)| Job {
-                id: *id,
-                db: db.clone(),
-                stores: self.task_stores(*id),
-                // Under exactly-once read_committed already hides uncommitted work;
-                // the source-offset filter is for at-least-once.
-                committed: (app.guarantee == ProcessingGuarantee::AtLeastOnce)
-                    .then(|| done.clone()),
-            })
-            .collect();
+        self.shared.update(|s| s.state = "Restoring".into());
+        let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
+        let stores: BTreeMap<TaskId, Vec<StoreName>> =
+            ids.iter().map(|id| (*id, self.task_stores(*id))).collect();
         let consumer = match self.restorer.take() {
             Some(c) => c,
             None => consumer_config(&app, true)
@@ -112,31 +102,23 @@ impl Engine {
         } else {
             cores.saturating_sub(1).max(1)
         };
-        let shared = self.shared.clone();
+        let (shared, tracker, fenced) = (self.shared.clone(), self.tracker.clone(), ids.clone());
         let handle = std::thread::Builder::new()
             .name("oxbow-restore".into())
             .spawn(move || {
-                let refs: Vec<RestoreJob<'_>> = jobs
-                    .iter()
-                    .map(|j| RestoreJob {
-                        id: j.id,
-                        db: &j.db,
-                        stores: j.stores.clone(),
-                        committed: j.committed.as_ref(),
-                    })
-                    .collect();
-                let results = restore_tasks(&app, &consumer, &refs, &shared, threads);
-                (consumer, results)
+                let restored =
+                    restore_batch(&app, &tracker, &consumer, &shared, batch, &stores, threads);
+                (consumer, restored)
             })
             .map_err(|e| EngineError::Restore {
-                task: starting[0].0,
+                task: fenced[0],
                 store: String::new(),
                 topic: String::new(),
                 message: format!("could not start a restore thread: {e}"),
             })?;
         self.restoring = Some(Restoring {
             handle,
-            starting,
+            ids: fenced,
             desired,
         });
         Ok(())
@@ -148,25 +130,36 @@ impl Engine {
         let Some(r) = self.restoring.take_if(|r| wait || r.handle.is_finished()) else {
             return Ok(());
         };
-        let results = match r.handle.join() {
-            Ok((consumer, results)) => {
+        let restored = match r.handle.join() {
+            Ok((consumer, restored)) => {
                 self.restorer = Some(consumer);
-                results
+                restored
             }
-            Err(_) => r
-                .starting
-                .iter()
-                .map(|(id, ..)| {
-                    Err(EngineError::Restore {
-                        task: *id,
-                        store: String::new(),
-                        topic: String::new(),
-                        message: "the restore thread panicked".into(),
-                    })
-                })
-                .collect(),
+            Err(_) => Err(EngineError::Restore {
+                task: r.ids[0],
+                store: String::new(),
+                topic: String::new(),
+                message: "the restore thread panicked".into(),
+            }),
         };
-        let outcome = self.start_restored(r.starting, results)?;
+        let restored = match restored {
+            Ok(restored) => restored,
+            Err(e) => {
+                if let Ok(mut dbs) = self.shared.dbs.write() {
+                    for id in &r.ids {
+                        dbs.remove(id);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        if let Producers::Transactional(m) = &mut self.producers {
+            for (id, p) in restored.producers {
+                m.insert(id, (p, false));
+            }
+        }
+        self.resumed_marks.extend(restored.marks);
+        let outcome = self.start_restored(restored.starting, restored.results)?;
         self.after_start(&r.desired, outcome)
     }
 
@@ -197,8 +190,8 @@ impl Engine {
                         // Exactly-once restores every committed changelog record: a
                         // topic without a group offset resumes past all of them.
                         resume_past_state(id, &mut done, &missing, &progress);
-                        self.committed.insert(id, done.clone());
                     }
+                    self.committed.insert(id, done.clone());
                     self.finish_start(id, db, done, &mut assign)?;
                     outcome.started.push(id);
                 }
@@ -229,4 +222,44 @@ impl Engine {
             None => Ok(outcome),
         }
     }
+}
+
+/// The restore thread's work for a batch, in order: fence the previous owners (their
+/// open transactions abort, so what follows reads only committed data), read where
+/// each task resumes, restore.
+fn restore_batch(
+    app: &App,
+    tracker: &Arc<Tracker>,
+    consumer: &BaseConsumer,
+    shared: &Shared,
+    batch: Vec<(TaskId, Arc<TaskDb>)>,
+    stores: &BTreeMap<TaskId, Vec<StoreName>>,
+    threads: usize,
+) -> Result<Restored, EngineError> {
+    let producers = if app.guarantee == ProcessingGuarantee::ExactlyOnce {
+        let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
+        init_producers(app, tracker, &ids)?
+    } else {
+        Vec::new()
+    };
+    let (starting, marks) = resume_positions(app, consumer, batch)?;
+    let jobs: Vec<RestoreJob<'_>> = starting
+        .iter()
+        .map(|(id, db, done, _)| RestoreJob {
+            id: *id,
+            db,
+            stores: stores.get(id).cloned().unwrap_or_default(),
+            // Under exactly-once read_committed already hides uncommitted work; the
+            // source-offset filter is for at-least-once.
+            committed: (app.guarantee == ProcessingGuarantee::AtLeastOnce).then_some(done),
+        })
+        .collect();
+    let results = restore_tasks(app, consumer, &jobs, shared, threads);
+    drop(jobs);
+    Ok(Restored {
+        producers,
+        starting,
+        marks,
+        results,
+    })
 }

@@ -65,7 +65,11 @@ impl Engine {
             // The one place the engine says it is alive: a loop that stops turning,
             // whatever it blocks on, fails /healthz and stops the status heartbeat.
             self.shared.liveness.beat();
-            if timers.desired_check.elapsed() >= Duration::from_millis(200) {
+            // A batch restoring beside the loop is looked at every turn (a finished one
+            // starts at once); a new assignment every 200 ms.
+            if self.restoring.is_some()
+                || timers.desired_check.elapsed() >= Duration::from_millis(200)
+            {
                 timers.desired_check = Instant::now();
                 match self.apply_desired() {
                     // SIGTERM during a restore: commit what runs, below, and exit.
