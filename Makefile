@@ -10,7 +10,7 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build images up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports
+.PHONY: help prereqs build images up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports bench-restore
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
 	@echo "make bench-operator    operator RSS with N StreamApps (default 50) and apply-to-Ready times"
 	@echo "make bench-reports    API writes/s and operator CPU, 10 apps x 10 real worker pods, steady state"
+	@echo "make bench-restore    running tasks' latency while another task of the pod restores"
 
 prereqs:
 	@bash $(STACK)/prereqs.sh
@@ -82,6 +83,7 @@ bench: up
 	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
 	source $(OXBOW_CACHE)/stack/env && BENCH_REPORT=$${BENCH_REPORT:-$(CURDIR)/docs/benchmarks.md} $(CARGO_TARGET_DIR)/release/examples/compare
 	$(MAKE) --no-print-directory bench-operator
+	$(MAKE) --no-print-directory bench-restore
 
 # Operator figures (issue 7, item 5): RSS of one operator managing BENCH_OPERATOR_APPS
 # (50) StreamApps with stand-in workers, and apply -> StatefulSet / Ready times.
@@ -97,3 +99,10 @@ bench-operator: up
 bench-reports: up
 	$(CARGO) build $(CARGO_PROFILE) --workspace --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/report_bench
+
+# Running tasks' p50/p99 latency before and during another task's full restore on the
+# same pod (issue 19, item 3). BENCH_RESTORE_KEYS/RATE/BASELINE_SECS/GUARANTEE and
+# OXBOW_WORKER_BIN (an older worker) override; the figures are copied by hand.
+bench-restore: up
+	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker -p oxbow-e2e --bins --examples
+	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/restore_latency_bench

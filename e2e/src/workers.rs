@@ -16,9 +16,11 @@ use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY, PreviousActive, TaskPla
 
 use crate::harness::target_dir;
 
-/// The release `oxbow-worker` binary (built by `make build`).
+/// The release `oxbow-worker` binary (built by `make build`), or `OXBOW_WORKER_BIN`
+/// (a bench measuring an older worker the same way).
 pub fn worker_bin() -> PathBuf {
-    let bin = target_dir().join("release/oxbow-worker");
+    let bin = std::env::var_os("OXBOW_WORKER_BIN")
+        .map_or_else(|| target_dir().join("release/oxbow-worker"), PathBuf::from);
     assert!(
         bin.exists(),
         "{} is missing: run `make build`",
