@@ -41,6 +41,16 @@ struct Timers {
 /// How long a merged task waits on an input before the wait is logged (and how often).
 const STALLED_WARNING: Duration = Duration::from_secs(30);
 
+/// Where the next commit interval starts, for a commit that ran from `started` to
+/// `ended`: its start, so commits come every interval as the user set it (a record
+/// waits half an interval for its commit on average, not half of the interval plus
+/// the commit's round trips). A commit slower than half the interval leaves at least
+/// that half to processing before the next, so a slow broker cannot make the loop
+/// commit back to back.
+fn next_commit_base(started: Instant, ended: Instant, interval: Duration) -> Instant {
+    started.max(ended.checked_sub(interval / 2).unwrap_or(started))
+}
+
 impl Timers {
     fn new() -> Self {
         let now = Instant::now();
@@ -263,8 +273,7 @@ impl Engine {
             || pending >= MAX_UNCOMMITTED
         {
             self.commit_all()?;
-            // The interval runs from the end of a commit, as it always has.
-            timers.commit = Instant::now();
+            timers.commit = next_commit_base(now, Instant::now(), self.app.commit_interval);
         }
         if now.saturating_duration_since(self.last_purge) >= self.purge_interval {
             self.purge_repartitions();
@@ -485,4 +494,26 @@ fn process_input(
         return Ok(None);
     }
     Ok(Some(task.process(app, env, msg, now_ms(), out)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_commit_interval_runs_from_the_start_of_a_quick_commit() {
+        let start = Instant::now();
+        let interval = Duration::from_millis(100);
+        let end = start + Duration::from_millis(30);
+        assert_eq!(next_commit_base(start, end, interval), start);
+    }
+
+    #[test]
+    fn a_slow_commit_leaves_half_an_interval_to_processing_before_the_next() {
+        let start = Instant::now();
+        let interval = Duration::from_millis(100);
+        let end = start + Duration::from_millis(400);
+        let base = next_commit_base(start, end, interval);
+        assert_eq!(base + interval, end + interval / 2);
+    }
 }
