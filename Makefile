@@ -26,8 +26,11 @@ help:
 prereqs:
 	@bash $(STACK)/prereqs.sh
 
+# --examples: a build that includes examples resolves features with the dev-dependencies,
+# as clippy --all-targets and cargo test do. With --bins alone the host features of
+# bindgen differ (mlua's vendored Lua pulls `which`), so RocksDB's C++ built twice.
 build: prereqs
-	$(CARGO) build $(CARGO_PROFILE) --workspace --bins
+	$(CARGO) build $(CARGO_PROFILE) --workspace --bins --examples
 
 up: build
 	@bash $(STACK)/up.sh
@@ -61,17 +64,14 @@ test-e2e: up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --tests
 
 test: lint up
-	# The custom-processor test runs the example binary, which `cargo test` does not link.
-	# --workspace, not -p oxbow-worker: the same feature set as the build above, so no
-	# workspace crate is compiled a second time.
-	$(CARGO) build $(CARGO_PROFILE) --workspace --examples
+	# `make up` built the examples too (the custom-processor test runs one, and the
+	# stuck-worker fixture goes into an image); the same feature set as clippy's and this.
 	@bash $(STACK)/images.sh
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --all-targets --no-fail-fast
 
 # Worker figures alone (no peer): W1 at both guarantees and W3 restores, from the same
 # driver as `make bench`; BENCH_RECORDS/BENCH_KEYS/BENCH_PARTITIONS/BENCH_RUNS override.
 bench-worker: up
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
 	source $(OXBOW_CACHE)/stack/env && BENCH_ENGINES=oxbow BENCH_WORKLOADS=w1,w3 $(CARGO_TARGET_DIR)/release/examples/compare
 
 # Oxbow side by side with Kafka Streams 4.1.2 and a raw pipe on the local Kafka (issue 7):
@@ -80,7 +80,6 @@ bench-worker: up
 # BENCH_WORKLOADS, BENCH_ENGINES … shrink or select it (bench/README.md).
 bench: up
 	@bash bench/build-kstreams.sh
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker --bins --examples
 	source $(OXBOW_CACHE)/stack/env && BENCH_REPORT=$${BENCH_REPORT:-$(CURDIR)/docs/benchmarks.md} $(CARGO_TARGET_DIR)/release/examples/compare
 	$(MAKE) --no-print-directory bench-operator
 	$(MAKE) --no-print-directory bench-restore
@@ -90,19 +89,15 @@ bench: up
 # BENCH_OPERATOR_MODE=burst|sequential|both, BENCH_OPERATOR_IDLE_SECS (20). Prints a
 # table; the figures in docs/benchmarks.md (section Operator) are copied by hand.
 bench-operator: up
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-operator --bins
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-e2e --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/operator_bench
 
 # API writes per second and the operator's CPU in steady state (issue 17, item 7): 10
 # StreamApps x 10 real worker pods, idle and Ready. BENCH_REPORT_APPS/PODS/WINDOW_SECS.
 bench-reports: up
-	$(CARGO) build $(CARGO_PROFILE) --workspace --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/report_bench
 
 # Running tasks' p50/p99 latency before and during another task's full restore on the
 # same pod (issue 19, item 3). BENCH_RESTORE_KEYS/RATE/BASELINE_SECS/GUARANTEE and
 # OXBOW_WORKER_BIN (an older worker) override; the figures are copied by hand.
 bench-restore: up
-	$(CARGO) build $(CARGO_PROFILE) -p oxbow-worker -p oxbow-e2e --bins --examples
 	source $(OXBOW_CACHE)/stack/env && $(CARGO_TARGET_DIR)/release/examples/restore_latency_bench
