@@ -155,6 +155,44 @@ fn median_u64(mut v: Vec<u64>) -> u64 {
     v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
+/// The operator's own count of its Kubernetes API requests, by verb
+/// (`oxbow_operator_api_requests_total`).
+async fn api_requests(metrics_addr: &str) -> std::collections::BTreeMap<String, f64> {
+    let text = match oxbow_e2e::streams::http_get(metrics_addr, "/metrics").await {
+        Ok((200, text)) => text,
+        other => panic!("failed to read the operator's metrics at {metrics_addr}: {other:?}"),
+    };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("oxbow_operator_api_requests_total{verb=\""))
+        .filter_map(|rest| {
+            let (verb, value) = rest.split_once("\"}")?;
+            Some((verb.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Requests per second between two readings, total and by verb (largest first).
+fn request_rates(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    secs: f64,
+) -> String {
+    let mut by: Vec<(String, f64)> = after
+        .iter()
+        .map(|(v, n)| {
+            (
+                v.clone(),
+                (n - before.get(v).copied().unwrap_or(0.0)) / secs,
+            )
+        })
+        .filter(|(_, r)| *r > 0.0)
+        .collect();
+    by.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = by.iter().map(|(_, r)| r).sum();
+    let parts: Vec<String> = by.iter().map(|(v, r)| format!("{v} {r:.1}")).collect();
+    format!("{total:.1}/s ({})", parts.join(", "))
+}
+
 /// Samples memory every second for `secs`; returns (median, peak) readings.
 async fn sample_idle(pid: u32, secs: u64) -> (Mem, u64) {
     let mut samples = Vec::new();
@@ -256,6 +294,9 @@ struct RunResult {
     cpu_to_ready: f64,
     cpu_idle: f64,
     idle_secs: u64,
+    /// The operator's API requests per second from apply to all Ready, and while idle.
+    api_to_ready: String,
+    api_idle: String,
     delete_secs: f64,
     after_delete: Mem,
     missing: usize,
@@ -264,6 +305,7 @@ struct RunResult {
 #[allow(clippy::too_many_arguments)]
 async fn run_mode(
     mode: &'static str,
+    metrics_addr: &str,
     client: &kube::Client,
     ns: &str,
     source: &str,
@@ -278,6 +320,7 @@ async fn run_mode(
     let prefix = if mode == "burst" { "b" } else { "s" };
     let names: Vec<String> = (0..n).map(|i| format!("{run}-{prefix}{i:03}")).collect();
     let cpu0 = cpu_secs(pid, tck);
+    let api0 = api_requests(metrics_addr).await;
     let mut t0: HashMap<String, Instant> = HashMap::new();
     let start = Instant::now();
     let ready_count = |names: &[String]| {
@@ -321,6 +364,8 @@ async fn run_mode(
     }
     let all_ready_secs = start.elapsed().as_secs_f64();
     let cpu_to_ready = cpu_secs(pid, tck) - cpu0;
+    let api1 = api_requests(metrics_addr).await;
+    let api_to_ready = request_rates(&api0, &api1, all_ready_secs);
     let (sts, ready, missing, created_sts, created_ready) = {
         let s = seen.lock().expect("seen lock");
         let since_created = |m: &HashMap<String, Instant>| {
@@ -357,9 +402,15 @@ async fn run_mode(
         loadavg()
     );
     let cpu1 = cpu_secs(pid, tck);
+    let idle_start = Instant::now();
     let (idle, idle_peak_rss_kib) = sample_idle(pid, idle_secs).await;
     let threads_sockets = threads_and_sockets(pid);
     let cpu_idle = cpu_secs(pid, tck) - cpu1;
+    let api_idle = request_rates(
+        &api1,
+        &api_requests(metrics_addr).await,
+        idle_start.elapsed().as_secs_f64(),
+    );
 
     // Delete this run's apps (the operator's finalizer removes their topics) and wait.
     let api: Api<StreamApp> = Api::namespaced(client.clone(), ns);
@@ -383,6 +434,8 @@ async fn run_mode(
         cpu_to_ready,
         cpu_idle,
         idle_secs,
+        api_to_ready,
+        api_idle,
         delete_secs,
         after_delete,
         missing,
@@ -486,7 +539,21 @@ async fn main() {
     start_watches(&client, &ns.name, seen.clone()).await;
     let mut results = Vec::new();
     for m in modes {
-        results.push(run_mode(m, &client, &ns.name, &source, pid, n, &seen, tck, &run).await);
+        results.push(
+            run_mode(
+                m,
+                &operator.metrics_addr,
+                &client,
+                &ns.name,
+                &source,
+                pid,
+                n,
+                &seen,
+                tck,
+                &run,
+            )
+            .await,
+        );
     }
     let load_end = loadavg();
     let final_mem = read_mem(pid);
@@ -562,6 +629,10 @@ async fn main() {
             mib(r.after_delete.rss_kib)
         );
         println!("{}: at the end of idle: {}", r.mode, r.threads_sockets);
+        println!(
+            "{}: operator API requests from apply to all Ready {}; idle {}",
+            r.mode, r.api_to_ready, r.api_idle
+        );
     }
     println!(
         "operator total: {cpu_total:.2} CPU s, VmHWM {:.1} MiB, final VmRSS {:.1} MiB",

@@ -132,9 +132,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .with_writer(writer)
             .init();
     }
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("failed to connect to the Kubernetes API")?;
+        .context("failed to read the Kubernetes client configuration")?;
+    let api_requests = oxbow_operator::metrics::ApiRequests::default();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("failed to connect to the Kubernetes API")?
+        .with_layer(&oxbow_operator::metrics::count_api_requests(
+            api_requests.clone(),
+        ))
+        .build();
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("oxbow-operator-{}", std::process::id()));
     let mut ctx = Context::new(
@@ -154,6 +161,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         &identity,
     );
     ctx.claims_topic = args.claims_topic.clone();
+    ctx.metrics.register_api_requests(api_requests);
     let ctx = Arc::new(ctx);
 
     let metrics = ctx.metrics.clone();

@@ -1,5 +1,5 @@
-//! Prometheus metrics of the operator: reconciliations, failures by error variant and
-//! reconcile duration.
+//! Prometheus metrics of the operator: reconciliations, failures by error variant,
+//! reconcile duration, and the requests it sends to the Kubernetes API.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -13,6 +13,48 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: String,
+}
+
+/// A request to the Kubernetes API by kind: the HTTP method, or `watch` for a GET that
+/// opens a watch (long-lived, so counted apart from reads).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequestLabels {
+    pub verb: String,
+}
+
+impl ApiRequestLabels {
+    /// The label of a request with this method and query string.
+    pub fn of(method: &str, query: Option<&str>) -> Self {
+        let watch =
+            query.is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let verb = if watch && method == "GET" {
+            "watch".to_string()
+        } else {
+            method.to_ascii_lowercase()
+        };
+        Self { verb }
+    }
+}
+
+/// Counts requests to the Kubernetes API; a layer on the client's stack feeds it (see
+/// [`count_api_requests`]), so every request the operator sends is in it.
+pub type ApiRequests = Family<ApiRequestLabels, Counter>;
+
+/// A layer for kube's `ClientBuilder` that counts each request in `requests`.
+pub fn count_api_requests(
+    requests: ApiRequests,
+) -> tower::util::MapRequestLayer<
+    impl Fn(http::Request<kube::client::Body>) -> http::Request<kube::client::Body> + Clone,
+> {
+    tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        requests
+            .get_or_create(&ApiRequestLabels::of(
+                req.method().as_str(),
+                req.uri().query(),
+            ))
+            .inc();
+        req
+    })
 }
 
 pub struct Metrics {
@@ -69,6 +111,16 @@ impl Metrics {
             .inc();
     }
 
+    /// Exposes the API request counts of the client the operator was built with.
+    pub fn register_api_requests(&self, requests: ApiRequests) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API, by verb (watch: a GET that opens a watch)",
+            requests,
+        );
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -90,5 +142,39 @@ impl Drop for ReconcileTimer<'_> {
         self.metrics
             .duration
             .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_get_with_watch_true_counts_as_a_watch_and_other_verbs_by_method() {
+        assert_eq!(
+            ApiRequestLabels::of("GET", Some("labelSelector=a&watch=true")).verb,
+            "watch"
+        );
+        assert_eq!(ApiRequestLabels::of("GET", Some("watch=false")).verb, "get");
+        assert_eq!(ApiRequestLabels::of("GET", None).verb, "get");
+        assert_eq!(
+            ApiRequestLabels::of("PATCH", Some("fieldManager=x")).verb,
+            "patch"
+        );
+    }
+
+    #[test]
+    fn api_request_counts_appear_in_the_exposition_once_registered() {
+        let metrics = Metrics::default();
+        let requests = ApiRequests::default();
+        metrics.register_api_requests(requests.clone());
+        requests
+            .get_or_create(&ApiRequestLabels::of("PATCH", None))
+            .inc();
+        let text = metrics.encode();
+        assert!(
+            text.contains("oxbow_operator_api_requests_total{verb=\"patch\"} 1"),
+            "no patch count in {text}"
+        );
     }
 }
