@@ -63,6 +63,9 @@ pub struct App {
     pub kafka: BTreeMap<String, String>,
     /// The other streams of stream–stream joins, by topic.
     pub join_streams: BTreeMap<String, JoinInput>,
+    /// The only fields of a source value the app can see (`None`: all of them); stage-0
+    /// tasks decode just these ([`crate::projection`]).
+    pub source_fields: Option<crate::projection::Fields>,
 }
 
 /// How a task reads a record of a stream–stream join's other stream.
@@ -179,7 +182,18 @@ impl App {
             .map(|s| s.input_topics(spec))
             .collect();
         let join_streams = join_inputs(spec, &topology)?;
+        let source_fields = match crate::projection::plan(spec) {
+            crate::projection::Plan::Project(f) => {
+                tracing::info!(fields = ?f.paths(), "source values: decoding only the fields the steps select");
+                Some(f)
+            }
+            crate::projection::Plan::Whole(why) => {
+                tracing::debug!(reason = %why, "source values: decoding every field");
+                None
+            }
+        };
         Ok(Self {
+            source_fields,
             topology,
             partitioned_by,
             stage_keys,

@@ -10,6 +10,7 @@ use serde_json::Value as Json;
 
 use crate::expr::{Env, Input};
 use crate::processor::StepError;
+use crate::projection::Fields;
 use crate::task::{MAX_TIMESTAMP, SourceMessage};
 
 /// Bytes in `format` as the JSON a step sees (no bytes: null).
@@ -25,6 +26,120 @@ pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, String
         RecordFormat::Bytes => Ok(Json::String(
             base64::engine::general_purpose::STANDARD.encode(b),
         )),
+    }
+}
+
+/// JSON bytes as the steps see them when only `fields` are read (see
+/// [`crate::projection`]): an object keeps only those fields, anything else is kept whole.
+/// The bytes are checked as fully as [`decode`] checks them, with the same errors.
+pub fn decode_projected(bytes: Option<&[u8]>, fields: &Fields) -> Result<Json, String> {
+    let Some(b) = bytes else {
+        return Ok(Json::Null);
+    };
+    let mut de = serde_json::Deserializer::from_slice(b);
+    serde::de::DeserializeSeed::deserialize(Keep(Some(fields)), &mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| format!("invalid JSON: {e}"))
+}
+
+/// What to keep of one JSON value: `None`, all of it.
+#[derive(Clone, Copy)]
+struct Keep<'a>(Option<&'a Fields>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Keep<'_> {
+    type Value = Json;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Json, D::Error> {
+        match self.0 {
+            None => serde::Deserialize::deserialize(d),
+            Some(fields) => d.deserialize_any(KeepVisitor(fields)),
+        }
+    }
+}
+
+/// Builds the value as serde_json's own visitor does, except that an object's fields
+/// outside the projection are skipped (still parsed and checked, never built).
+struct KeepVisitor<'a>(&'a Fields);
+
+impl<'de> serde::de::Visitor<'de> for KeepVisitor<'_> {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_none<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element::<Json>()? {
+            out.push(v);
+        }
+        Ok(Json::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            match self.0.0.get(key.as_ref()) {
+                Some(inner) => {
+                    let v = map.next_value_seed(Keep(inner.as_ref()))?;
+                    out.insert(key.into_owned(), v);
+                }
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Json::Object(out))
+    }
+}
+
+/// An object key, borrowed from the input when it has no escapes.
+struct KeySeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeySeed {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeySeed {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v))
     }
 }
 
@@ -128,4 +243,86 @@ pub(crate) fn co_partitioned(
         msg.partition,
         want.map_or("?".into(), |p| p.to_string())
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields the planner keeps for an aggregate summing `value.<path>` for each path.
+    fn fields(paths: &[&str]) -> Fields {
+        let sums: Vec<String> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("f{i}: {{sum: value.{p}}}"))
+            .collect();
+        let yaml = format!(
+            "kafka: {{bootstrapServers: k:9092}}\nsource: {{topics: [in]}}\nsink: {{topic: out}}\nsteps:\n- aggregate: {{store: s, groupBy: key, fields: {{{}}}}}\n",
+            sums.join(", ")
+        );
+        let spec: oxbow_crds::StreamAppSpec = serde_yaml::from_str(&yaml).expect("spec");
+        match crate::projection::plan(&spec) {
+            crate::projection::Plan::Project(f) => f,
+            other => panic!("no projection: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_projected_object_keeps_the_selected_fields_exactly_as_a_full_decode_has_them() {
+        let f = fields(&["user", "amount", "nested.inner"]);
+        let bytes = br#"{"txId":"tx-1","user":"al\u00e9","amount":1.5e3,"nested":{"inner":[1,{"x":null}],"other":"skip"},"note":"padding \"quoted\""}"#;
+        let got = decode_projected(Some(bytes), &f).expect("decodes");
+        assert_eq!(
+            got,
+            serde_json::json!({"user": "alé", "amount": 1500.0, "nested": {"inner": [1, {"x": null}]}})
+        );
+    }
+
+    #[test]
+    fn a_projected_decode_refuses_what_a_full_decode_refuses_with_the_same_error() {
+        let f = fields(&["user"]);
+        for bad in [
+            &b"{\"txId\": not json"[..],
+            b"{\"user\":\"a\",\"note\":\"x\"} trailing",
+            b"{\"user\":\"a\",\"note\":[1,2}",
+            b"{\"note\":\"\\uZZZZ\",\"user\":1}",
+            b"",
+        ] {
+            let full = decode(Some(bad), RecordFormat::Json).expect_err("full refuses");
+            let projected = decode_projected(Some(bad), &f).expect_err("projected refuses");
+            assert_eq!(projected, full, "for {:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn values_that_are_not_objects_are_kept_whole_so_selections_fail_alike() {
+        let f = fields(&["user.name"]);
+        for text in [
+            &br#"[1,2]"#[..],
+            b"42",
+            b"\"s\"",
+            b"null",
+            br#"{"user":7}"#,
+            br#"{"user":[{"name":1}]}"#,
+        ] {
+            let full = decode(Some(text), RecordFormat::Json).expect("full");
+            let projected = decode_projected(Some(text), &f).expect("projected");
+            assert_eq!(projected, full, "for {}", String::from_utf8_lossy(text));
+        }
+        assert_eq!(decode_projected(None, &f), Ok(Json::Null));
+    }
+
+    #[test]
+    fn a_duplicated_field_keeps_the_last_occurrence_like_a_full_decode() {
+        let f = fields(&["a"]);
+        let bytes = br#"{"a":1,"b":2,"a":3}"#;
+        assert_eq!(
+            decode_projected(Some(bytes), &f),
+            Ok(serde_json::json!({"a": 3}))
+        );
+        assert_eq!(
+            decode(Some(bytes), RecordFormat::Json).expect("full")["a"],
+            3
+        );
+    }
 }

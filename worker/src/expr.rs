@@ -74,13 +74,13 @@ pub struct Expr {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Var {
+pub(crate) enum Var {
     Key,
     Value,
 }
 
 /// Recognises `value`, `key`, `value.a.b`, … (identifiers only, no spaces inside).
-fn selection(source: &str) -> Option<(Var, Vec<String>)> {
+pub(crate) fn selection(source: &str) -> Option<(Var, Vec<String>)> {
     let mut parts = source.trim().split('.');
     let var = match parts.next()? {
         "value" => Var::Value,
@@ -161,6 +161,12 @@ impl Expr {
 
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Whether an evaluation's cost is checked against the size of the record (key, value
+    /// or `other`): then a smaller record may pass where a larger one is refused.
+    pub(crate) fn cost_depends_on_size(&self) -> bool {
+        self.selection.is_none() && self.cost.degree() > 0
     }
 
     fn eval(&self, env: &Env, input: &Input<'_>) -> Result<Value, ExprError> {

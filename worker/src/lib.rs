@@ -24,6 +24,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod overlay;
 pub mod processor;
+pub mod projection;
 pub mod query;
 pub mod report;
 pub mod status;

@@ -413,7 +413,11 @@ impl Task {
                 StepError::Record(format!("failed to decode key: {e}")),
             )
         })?;
-        let value = decode(msg.value, spec.source.value_format).map_err(|e| {
+        let value = match &app.source_fields {
+            Some(fields) => crate::decode::decode_projected(msg.value, fields),
+            None => decode(msg.value, spec.source.value_format),
+        }
+        .map_err(|e| {
             (
                 "deserialize".to_string(),
                 StepError::Record(format!("failed to decode value: {e}")),
