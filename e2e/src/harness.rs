@@ -359,7 +359,13 @@ impl OperatorProcess {
                 "text",
             ])
             .args(["--worker-image", "oxbow-standin:test"])
-            .args(OPERATOR_FLAGS)
+            // The suite's flags, less those `extra` sets itself.
+            .args(
+                OPERATOR_FLAGS
+                    .chunks(2)
+                    .filter(|pair| !extra.contains(&pair[0]))
+                    .flatten(),
+            )
             .args(extra)
             .env("KUBECONFIG", stack_var("KUBECONFIG"))
             .env("RUST_LOG", "info,oxbow_operator=debug,kube_runtime=warn")

@@ -143,6 +143,12 @@ impl Claims {
                 .set("enable.auto.commit", "false")
                 .set("enable.partition.eof", "true")
                 .set("auto.offset.reset", "earliest")
+                // Each read starts with a watermark request on the same connection as
+                // the fetches, and the broker answers a connection's requests in order:
+                // behind a fetch parked for librdkafka's default 500 ms, 16 reconciles
+                // queued on this reader took 5-20 s each at 500 apps (make
+                // bench-operator), and new apps were never reached.
+                .set("fetch.wait.max.ms", "10")
                 .create()
                 .map_err(|source| ClaimsError::Client {
                     topic: self.topic.clone(),
@@ -159,6 +165,10 @@ impl Claims {
             });
         }
         let reader = guard.as_mut().expect("set above");
+        // Paused between reads (below): no fetches while nobody reads.
+        let mut partition = TopicPartitionList::new();
+        partition.add_partition(&self.topic, 0);
+        reader.consumer.resume(&partition).map_err(read)?;
         let (_, end) = reader
             .consumer
             .fetch_watermarks(&self.topic, 0, self.timeout)
@@ -202,6 +212,7 @@ impl Claims {
                 None => {}
             }
         }
+        reader.consumer.pause(&partition).map_err(read)?;
         Ok(reader.view.clone())
     }
 
