@@ -52,6 +52,14 @@ impl Applied {
 
     /// The watch delivered `key` at `resource_version` (`None`: it was deleted; then
     /// our record of it goes too, so a deleted app leaves nothing behind).
+    /// Whether the watch has shown an object of `kind` in `ns` that it has not seen
+    /// deleted since. No means there is nothing of that kind to prune there: one that
+    /// the watch has not delivered yet triggers a reconcile of its owner when it is.
+    pub fn any_seen(&self, kind: &str, ns: &str) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.keys().any(|(k, n, _)| *k == kind && n == ns)
+    }
+
     pub fn seen(&self, key: Key, resource_version: Option<String>) {
         match resource_version {
             Some(rv) => {
@@ -94,6 +102,21 @@ mod tests {
             !a.unchanged(&key(), digest(&json!({"data": {"a": "2"}}))),
             "a new spec"
         );
+    }
+
+    #[test]
+    fn a_kind_counts_as_present_in_a_namespace_until_its_last_object_is_deleted() {
+        let a = Applied::default();
+        assert!(!a.any_seen("ConfigMap", "ns"));
+        a.seen(key(), Some("1".into()));
+        a.seen(("ConfigMap", "ns".into(), "other".into()), Some("2".into()));
+        assert!(a.any_seen("ConfigMap", "ns"));
+        assert!(!a.any_seen("ConfigMap", "elsewhere"));
+        assert!(!a.any_seen("Service", "ns"));
+        a.seen(key(), None);
+        assert!(a.any_seen("ConfigMap", "ns"), "one is left");
+        a.seen(("ConfigMap", "ns".into(), "other".into()), None);
+        assert!(!a.any_seen("ConfigMap", "ns"));
     }
 
     #[test]
