@@ -28,11 +28,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::{StoreName, names::changelog_topic};
 use oxbow_e2e::harness::{
     TestNamespace, install_crd, kafka_bootstrap, kube_client, stack_var, unique, wait_for,
 };
-use oxbow_e2e::streams::{counting_state, preload};
+use oxbow_e2e::streams::preload_task0_counts;
 use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, publish};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -183,16 +182,8 @@ async fn main() {
         },
     )
     .await;
-    let changelog = changelog_topic(&format!("{}.{app}", ns.name), &StoreName("totals".into()));
-    eprintln!("pre-loading {keys} keys into {changelog} partition 0…");
-    tokio::task::spawn_blocking(move || {
-        preload(
-            &changelog,
-            (0..keys).map(|i| (0, format!("kuser-{i:07}"), counting_state(1, 1))),
-        )
-    })
-    .await
-    .expect("preload");
+    eprintln!("pre-loading {keys} keys into task 0's changelog…");
+    preload_task0_counts(&ns.name, app, keys).await;
 
     // The steady input and the output reader run through the whole measurement.
     let stop_in = Arc::new(AtomicBool::new(false));

@@ -471,6 +471,26 @@ pub fn counting_state(count: i64, sum: i64) -> String {
     )
 }
 
+/// Pre-loads `keys` counting states (`kuser-0000000`, …, each count 1 and sum 1) into
+/// partition 0 of the `totals` changelog of `CountingApp` `app` in namespace `ns`: task
+/// 0 then has a full restore of `keys` records ahead of it. Returns the changelog's name.
+pub async fn preload_task0_counts(ns: &str, app: &str, keys: usize) -> String {
+    let changelog = oxbow_crds::names::changelog_topic(
+        &format!("{ns}.{app}"),
+        &oxbow_crds::StoreName("totals".into()),
+    );
+    let topic = changelog.clone();
+    tokio::task::spawn_blocking(move || {
+        preload(
+            &topic,
+            (0..keys).map(|i| (0, format!("kuser-{i:07}"), counting_state(1, 1))),
+        )
+    })
+    .await
+    .expect("preload");
+    changelog
+}
+
 /// Writes `(partition, key, value)` records straight into `topic` (for example state
 /// into a changelog, so a restore is long without the worker having processed it).
 pub fn preload(topic: &str, records: impl Iterator<Item = (i32, String, String)>) {

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::{StoreName, StreamApp, names::changelog_topic};
+use oxbow_crds::StreamApp;
 use oxbow_e2e::harness::{TestNamespace, install_crd, kube_client, stack_var, unique, wait_for};
-use oxbow_e2e::streams::{counting_state, preload, produce, read_committed};
+use oxbow_e2e::streams::{preload_task0_counts, produce, read_committed};
 use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, publish};
 
 /// Group keys pre-loaded into task 0's changelog partition: a restore of several
@@ -75,16 +75,8 @@ async fn a_dead_pods_task_moves_at_once_while_an_unrelated_pod_is_still_restorin
         },
     )
     .await;
-    let changelog = changelog_topic(&format!("{}.{app}", ns.name), &StoreName("totals".into()));
     let t = Instant::now();
-    tokio::task::spawn_blocking(move || {
-        preload(
-            &changelog,
-            (0..KEYS).map(|i| (0, format!("kuser-{i:07}"), counting_state(1, 1))),
-        )
-    })
-    .await
-    .unwrap();
+    preload_task0_counts(&ns.name, app, KEYS).await;
     println!(
         "pre-loaded {KEYS} keys into task 0's changelog in {:.1?}",
         t.elapsed()

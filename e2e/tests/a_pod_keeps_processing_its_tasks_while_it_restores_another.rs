@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use oxbow_crds::{StoreName, names::changelog_topic};
 use oxbow_e2e::harness::{TestNamespace, install_crd, kube_client, stack_var, unique, wait_for};
-use oxbow_e2e::streams::{counting_state, preload, produce, read_committed};
+use oxbow_e2e::streams::{preload_task0_counts, produce, read_committed};
 use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, publish};
 
 /// Group keys pre-loaded into task 0's changelog partition: a restore of several
@@ -93,15 +92,7 @@ async fn a_pod_keeps_processing_its_running_tasks_while_it_restores_another() {
         },
     )
     .await;
-    let changelog = changelog_topic(&format!("{}.{app}", ns.name), &StoreName("totals".into()));
-    tokio::task::spawn_blocking(move || {
-        preload(
-            &changelog,
-            (0..KEYS).map(|i| (0, format!("kuser-{i:07}"), counting_state(1, 1))),
-        )
-    })
-    .await
-    .unwrap();
+    preload_task0_counts(&ns.name, app, KEYS).await;
 
     // 2. Generation 2: task 0 moves to A (its pod is gone), which restores it fully.
     publish(
