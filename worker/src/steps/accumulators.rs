@@ -40,25 +40,13 @@ pub enum Acc {
     },
 }
 
-/// The tag of a stored [`Acc`].
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-enum AccTag {
-    Count,
-    Sum,
-    Min,
-    Max,
-    Avg,
-    Last,
-}
-
 /// Every field any stored [`Acc`] has, read in one pass. serde's internally tagged
 /// enums buffer each object into an intermediate tree to find the tag first: with the
 /// aggregate's windows read back on every record, that was about a tenth of a
 /// windowed aggregate's CPU. The stored format is unchanged.
 #[derive(Deserialize)]
 struct AccFields {
-    k: AccTag,
+    k: AggKind,
     n: Option<i64>,
     int: Option<i64>,
     float: Option<f64>,
@@ -86,25 +74,25 @@ impl<'de> Deserialize<'de> for Acc {
                 .ok_or_else(|| D::Error::custom(format!("v is not a number: {x}"))),
         };
         Ok(match f.k {
-            AccTag::Count => Acc::Count { n: need(f.n, "n")? },
-            AccTag::Sum => Acc::Sum {
+            AggKind::Count => Acc::Count { n: need(f.n, "n")? },
+            AggKind::Sum => Acc::Sum {
                 int: need(f.int, "int")?,
                 float: need_f(f.float, "float")?,
                 is_float: flag(f.is_float)?,
             },
-            AccTag::Min => Acc::Min {
+            AggKind::Min => Acc::Min {
                 v: number(f.v)?,
                 is_float: flag(f.is_float)?,
             },
-            AccTag::Max => Acc::Max {
+            AggKind::Max => Acc::Max {
                 v: number(f.v)?,
                 is_float: flag(f.is_float)?,
             },
-            AccTag::Avg => Acc::Avg {
+            AggKind::Avg => Acc::Avg {
                 sum: need_f(f.sum, "sum")?,
                 n: need(f.n, "n")?,
             },
-            AccTag::Last => Acc::Last {
+            AggKind::Last => Acc::Last {
                 v: f.v.unwrap_or(Json::Null),
                 ts: need(f.ts, "ts")?,
             },
@@ -112,8 +100,10 @@ impl<'de> Deserialize<'de> for Acc {
     }
 }
 
-/// The spec's kind of an aggregate field: which [`Acc`] it starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The spec's kind of an aggregate field: which [`Acc`] it starts. Also the tag `k` of a
+/// stored [`Acc`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub(crate) enum AggKind {
     Count,
     Sum,
