@@ -106,21 +106,25 @@ impl std::fmt::Display for StoreName {
 }
 
 impl StreamApp {
-    /// `spec.applicationId`; else the id recorded in `status.applicationId`; else, for an
-    /// app an earlier operator reconciled (a status without the field), its name; else
-    /// `<namespace>.<name>` (the name alone for a standalone manifest without one), so
-    /// same-named apps in two namespaces never share topics, group or transactional ids.
+    /// The id in force: the one recorded in `status.applicationId`; else
+    /// `spec.applicationId`; else, for an app an earlier operator reconciled (a status
+    /// without the field), its name; else `<namespace>.<name>` (the name alone for a
+    /// standalone manifest without one), so same-named apps in two namespaces never share
+    /// topics, group or transactional ids.
+    ///
+    /// The recorded id comes first: a spec that names another one is refused
+    /// ([`Self::application_id_change`]), and everything, the status included, keeps
+    /// following the id in force until the spec is set back.
     pub fn application_id(&self) -> String {
+        let status = self.status.as_ref();
+        if let Some(id) = status.and_then(|st| st.application_id.as_ref()) {
+            return id.clone();
+        }
         if let Some(id) = &self.spec.application_id {
             return id.clone();
         }
-        if let Some(st) = &self.status {
-            if let Some(id) = &st.application_id {
-                return id.clone();
-            }
-            if st.observed_generation.is_some() {
-                return self.name_any();
-            }
+        if status.is_some_and(|st| st.observed_generation.is_some()) {
+            return self.name_any();
         }
         match self.metadata.namespace.as_deref() {
             Some(ns) if !ns.is_empty() => format!("{ns}.{}", self.name_any()),
@@ -245,6 +249,24 @@ mod tests {
         );
         assert_eq!(
             app(Some("team-a"), Some("new"), Some(recorded)).application_id_change(),
+            Some(("kept".into(), "new".into()))
+        );
+    }
+
+    #[test]
+    fn an_app_whose_spec_names_another_id_keeps_running_as_the_id_in_force() {
+        let recorded = StreamAppStatus {
+            observed_generation: Some(4),
+            application_id: Some("kept".into()),
+            ..Default::default()
+        };
+        let renamed = app(Some("team-a"), Some("new"), Some(recorded));
+        // Topics, group, claims and the status all follow the id in force: a refused
+        // rename must not become the id by the next reconciliation.
+        assert_eq!(renamed.application_id(), "kept");
+        assert_eq!(renamed.consumer_group(), "kept");
+        assert_eq!(
+            renamed.application_id_change(),
             Some(("kept".into(), "new".into()))
         );
     }

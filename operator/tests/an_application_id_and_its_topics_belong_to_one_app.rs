@@ -221,17 +221,60 @@ async fn an_existing_topic_is_adopted_only_when_the_app_says_so() {
     let other = unique("renamed");
     apply(n, &apps::manifest(&other, &[&source], ""));
     apps::wait_condition(&api, &other, "Ready", "True", Duration::from_secs(120)).await;
-    apply(
-        n,
-        &format!(
-            "{}  applicationId: a-new-id\n",
-            apps::manifest(&other, &[&source], "")
-        ),
-    );
+    let new_id = unique("a-new-id");
+    let renamed = |extra: &str| {
+        format!(
+            "{}  applicationId: {new_id}\n",
+            apps::manifest(&other, &[&source], extra)
+        )
+    };
+    apply(n, &renamed(""));
     let msg = apps::wait_stalled(&api, &other, "ApplicationIdChanged").await;
     assert!(
         msg.contains(&format!("{n}.{other}")),
         "names the id in force: {msg}"
+    );
+    // Refused for good, not for one reconciliation: a later generation still runs as the
+    // id in force and creates nothing under the new one.
+    apply(n, &renamed("  driftPolicy: Enforce\n"));
+    let generation = api
+        .get(&other)
+        .await
+        .expect("renamed app")
+        .metadata
+        .generation;
+    wait_for(
+        "the renamed app's next generation to be refused too",
+        Duration::from_secs(90),
+        || async {
+            let app = api.get(&other).await.map_err(|e| e.to_string())?;
+            let st = app.status.clone().unwrap_or_default();
+            match apps::condition(&app, "Stalled") {
+                Some((s, r, _))
+                    if st.observed_generation == generation
+                        && s == "True"
+                        && r == "ApplicationIdChanged" =>
+                {
+                    Ok(st)
+                }
+                other => Err(format!(
+                    "generation {:?} of {generation:?}: {other:?}",
+                    st.observed_generation
+                )),
+            }
+        },
+    )
+    .await;
+    let app = api.get(&other).await.expect("renamed app");
+    assert_eq!(
+        app.status.and_then(|s| s.application_id),
+        Some(format!("{n}.{other}")),
+        "the status keeps the id in force"
+    );
+    assert_eq!(
+        kafka::partitions(&format!("{new_id}-seen-changelog")),
+        None,
+        "no topic is created under a refused id"
     );
     let app = api.get(&name).await.expect("pinned app");
     assert_eq!(
