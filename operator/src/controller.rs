@@ -167,6 +167,8 @@ pub struct Context {
     notices_published: Mutex<HashMap<String, String>>,
     /// What was last applied to each child, to skip applies that change nothing.
     applied: crate::applied::Applied,
+    /// The last read of each StatefulSet's pod-creation events.
+    event_reads: pod_creation::EventReads,
 }
 
 impl Context {
@@ -198,6 +200,7 @@ impl Context {
             notices_published: Mutex::default(),
             renewals: crate::reports::Renewals::default(),
             applied: crate::applied::Applied::default(),
+            event_reads: pod_creation::EventReads::default(),
         }
     }
 
@@ -338,7 +341,9 @@ pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Acti
     Action::requeue(delay)
 }
 
-async fn ssa<K>(ctx: &Context, ns: &str, obj: &K) -> Result<(), Error>
+/// Applies `obj` unless its last apply is still what the cluster holds; returns the object
+/// as the API server stored it when it was applied (`None` when skipped).
+async fn ssa<K>(ctx: &Context, ns: &str, obj: &K) -> Result<Option<K>, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + serde::Serialize
@@ -358,7 +363,7 @@ where
     let key = (short_kind::<K>(), ns.to_string(), name.clone());
     let digest = crate::applied::digest(&v);
     if ctx.applied.unchanged(&key, digest) {
-        return Ok(());
+        return Ok(None);
     }
     let live = api
         .patch(
@@ -374,7 +379,7 @@ where
         })?;
     ctx.applied
         .applied(key, digest, live.meta().resource_version.clone());
-    Ok(())
+    Ok(Some(live))
 }
 
 fn short_kind<K: Resource<DynamicType = ()>>() -> &'static str {
@@ -398,7 +403,7 @@ async fn apply_children(
     c: &Children,
     assignment: Option<&ConfigMap>,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<Option<StatefulSet>, Error> {
     let client = &ctx.client;
     // Each step skips a child whose last apply is still what the cluster holds.
     // 1. Identity first, so pods never start without their ServiceAccount and RBAC.
@@ -421,11 +426,13 @@ async fn apply_children(
     // 4. The NetworkPolicy before the workload, so no pod serves queries unguarded;
     //    removed when the operator no longer runs with --network-policy.
     match &c.network_policy {
-        Some(np) => ssa(ctx, ns, np).await?,
+        Some(np) => {
+            ssa(ctx, ns, np).await?;
+        }
         None => prune::<NetworkPolicy>(ctx, ns, app, &[]).await?,
     }
     // 5. The workload.
-    ssa(ctx, ns, &c.stateful_set).await?;
+    let stateful_set = ssa(ctx, ns, &c.stateful_set).await?;
     // 6. The task assignment, only when it changed, after the StatefulSet: its pods
     //    may be new to it, and a scale-in that it completes was sized by it.
     if let Some(cm) = assignment {
@@ -437,7 +444,7 @@ async fn apply_children(
     } else {
         prune::<PodDisruptionBudget>(ctx, ns, app, &[]).await?;
     }
-    Ok(())
+    Ok(stateful_set)
 }
 
 /// Deletes objects of kind K labelled as this app's children whose names are not wanted.
@@ -894,6 +901,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let mut apply_error = None;
     let mut rolled_out = false;
     let mut in_force = published.clone();
+    // The StatefulSet as the apply left it, when it was applied.
+    let mut applied_sts = None;
     if invalid.is_none() && source_problem.is_none() && owned && !topics_verdict.stalled {
         let to_publish = plan.as_ref().filter(|p| p.publish).map(|p| &p.assignment);
         let secret_version = secret.as_ref().and_then(|s| s.version.as_deref());
@@ -909,7 +918,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             Err(e) => Err(e.into()),
         };
         match applied {
-            Ok(()) => {
+            Ok(live) => {
+                applied_sts = live;
                 rolled_out = true;
                 if let Some(a) = to_publish {
                     tracing::info!(generation = a.generation, "published task assignment");
@@ -929,7 +939,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             .map(|cm| (cm, a));
         match published {
             Ok((cm, a)) => match ssa(ctx, &ns, &cm).await {
-                Ok(()) => {
+                Ok(_) => {
                     tracing::info!(generation = a.generation, "published task assignment");
                     in_force = Some(a.clone());
                 }
@@ -970,23 +980,15 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         _ => Verdict::waiting(reason::APPLY_FAILED, e.to_string()),
     });
 
-    // --- status.
-    let sts = if apply_error.is_none() && invalid.is_none() {
-        sts_api
-            .get_opt(&name)
-            .await
-            .map_err(|source| Error::ReadCluster {
-                what: "StatefulSet".into(),
-                source,
-            })?
-    } else {
-        sts
-    };
+    // --- status. The StatefulSet read at the start, or as this apply returned it (its
+    // new generation): no second read.
+    let sts = applied_sts.or(sts);
     let newest_pod = pods
         .iter()
         .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
         .max();
-    let create_failure = pod_creation::failure(&ctx.client, sts.as_ref(), newest_pod).await;
+    let create_failure =
+        pod_creation::failure(&ctx.client, &ctx.event_reads, sts.as_ref(), newest_pod).await;
     let workload = workload_facts(app, sts.as_ref(), sts_replicas, &observed, create_failure);
     let live: Vec<&str> = observed
         .iter()

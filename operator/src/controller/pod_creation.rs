@@ -7,9 +7,13 @@
 //! missing now (a rolling update's replaced pod, for one).
 //!
 //! Reads events; writes nothing. Failing to read them only loses the detail: it is
-//! logged, never an error of the reconciliation.
+//! logged, never an error of the reconciliation. One read answers for a StatefulSet for
+//! [`REREAD_AFTER`] ([`EventReads`]): while volumes bind slowly, many reconciles of an
+//! app with missing pods follow each other, and each listed the events again.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Event;
@@ -24,10 +28,39 @@ use super::Error;
 /// new `lastTimestamp`), so a refusal that still holds is seen again well within this.
 const RECENT: Duration = Duration::from_secs(20 * 60);
 
+/// How long one read of a StatefulSet's events stands for it. A refusal shows in the
+/// app's conditions at most this much later; the controller's own retries of a refused
+/// pod are seconds to minutes apart.
+pub const REREAD_AFTER: Duration = Duration::from_secs(10);
+
+/// The last read of each StatefulSet's `FailedCreate` events, by its uid.
+#[derive(Default)]
+pub struct EventReads(Mutex<HashMap<String, (Instant, Vec<Event>)>>);
+
+impl EventReads {
+    /// The events read for `uid` less than [`REREAD_AFTER`] before `now`.
+    fn fresh(&self, uid: &str, now: Instant) -> Option<Vec<Event>> {
+        let reads = self.0.lock().expect("event reads lock");
+        reads
+            .get(uid)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < REREAD_AFTER)
+            .map(|(_, events)| events.clone())
+    }
+
+    /// Keeps a read, and drops the reads that no longer stand (so a StatefulSet that
+    /// got its pods, or is gone, leaves nothing behind).
+    fn record(&self, uid: &str, now: Instant, events: Vec<Event>) {
+        let mut reads = self.0.lock().expect("event reads lock");
+        reads.retain(|_, (at, _)| now.saturating_duration_since(*at) < REREAD_AFTER);
+        reads.insert(uid.to_string(), (now, events));
+    }
+}
+
 /// The newest recent `FailedCreate` message of the app's StatefulSet, when it has fewer
 /// pods than it wants; `newest_pod`: when the newest of its pods was created.
 pub async fn failure(
     client: &kube::Client,
+    reads: &EventReads,
     sts: Option<&StatefulSet>,
     newest_pod: Option<Timestamp>,
 ) -> Option<String> {
@@ -37,16 +70,24 @@ pub async fn failure(
     if have >= want {
         return None;
     }
-    match events(client, sts).await {
-        Ok(events) => {
-            let uid = sts.metadata.uid.as_deref();
-            newest_recent(&events, uid, newest_pod, Timestamp::now())
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "failed to read why worker pods are missing");
-            None
-        }
-    }
+    let uid = sts.metadata.uid.as_deref();
+    let now = Instant::now();
+    let events = match uid.and_then(|u| reads.fresh(u, now)) {
+        Some(events) => events,
+        None => match events(client, sts).await {
+            Ok(events) => {
+                if let Some(u) = uid {
+                    reads.record(u, now, events.clone());
+                }
+                events
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "failed to read why worker pods are missing");
+                return None;
+            }
+        },
+    };
+    newest_recent(&events, uid, newest_pod, Timestamp::now())
 }
 
 async fn events(client: &kube::Client, sts: &StatefulSet) -> Result<Vec<Event>, Error> {
@@ -128,6 +169,36 @@ mod tests {
             newest_recent(&events, Some("sts-1"), Some(ago(1)), now),
             None,
             "a pod created after the refusal shows the controller got past it"
+        );
+    }
+
+    #[test]
+    fn one_read_of_the_events_stands_for_a_while_and_then_is_read_again() {
+        let reads = EventReads::default();
+        let t0 = Instant::now();
+        let refused = vec![event(
+            "sts-1",
+            "2026-12-03T12:00:00Z".parse().expect("time"),
+            "quota",
+        )];
+        assert!(reads.fresh("sts-1", t0).is_none(), "nothing read yet");
+        reads.record("sts-1", t0, refused);
+        let later = t0 + REREAD_AFTER / 2;
+        assert_eq!(reads.fresh("sts-1", later).map(|e| e.len()), Some(1));
+        assert!(
+            reads.fresh("sts-2", later).is_none(),
+            "kept per StatefulSet"
+        );
+        let stale = t0 + REREAD_AFTER;
+        assert!(
+            reads.fresh("sts-1", stale).is_none(),
+            "read again once stale"
+        );
+        reads.record("sts-2", stale, vec![]);
+        assert_eq!(
+            reads.0.lock().expect("lock").len(),
+            1,
+            "a read that no longer stands is dropped"
         );
     }
 }
