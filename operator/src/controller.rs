@@ -159,6 +159,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<StreamApp>, u32>>,
     /// Every worker pod's report Lease, kept by the controller's watch ([`run`]).
     reports: std::sync::OnceLock<reflector::Store<Lease>>,
+    /// Every worker pod, kept by the controller's pod watch ([`run`]).
+    pods: std::sync::OnceLock<reflector::Store<Pod>>,
     /// When each app's `status.instances` were last written.
     instances_schedule: crate::reports::Schedule,
     /// When each report Lease's renewal last changed, by this operator's clock.
@@ -196,6 +198,7 @@ impl Context {
             clusters: Mutex::default(),
             failures: Mutex::default(),
             reports: std::sync::OnceLock::new(),
+            pods: std::sync::OnceLock::new(),
             instances_schedule: crate::reports::Schedule::default(),
             notices_published: Mutex::default(),
             renewals: crate::reports::Renewals::default(),
@@ -574,9 +577,28 @@ async fn kafka_secret(app: &StreamApp, ctx: &Context) -> Result<Option<KafkaSecr
     }))
 }
 
-/// The app's worker pods (by the StatefulSet's selector).
+/// How long a reconcile waits for the pod watch's first list before it lists itself.
+const POD_CACHE_WAIT: Duration = Duration::from_secs(5);
+
+/// The app's worker pods (by the StatefulSet's selector), from the controller's pod watch
+/// once it has listed them all. A pod event reaches the store before it triggers the
+/// reconcile it causes, so a reconcile never sees less than what woke it; the report
+/// Leases that placement also decides on come from a watch in the same way.
 async fn worker_pods(app: &StreamApp, ctx: &Context) -> Result<Vec<Pod>, Error> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
+    let ns = app.namespace().unwrap_or_default();
+    if let Some(store) = ctx.pods.get()
+        && let Ok(Ok(())) = tokio::time::timeout(POD_CACHE_WAIT, store.wait_until_ready()).await
+    {
+        let selector = build::selector_labels(app);
+        return Ok(store
+            .state()
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+            .map(|p| Pod::clone(p))
+            .collect());
+    }
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let lp = ListParams::default().labels(&build::selector_string(app));
     Ok(api
         .list(&lp)
@@ -1345,6 +1367,20 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     .reflect(report_writer)
     .touched_objects()
     .predicate_filter(crate::reports::relevant, Default::default());
+    // The worker pods: kept in a store for reconcile (without their managed fields, which
+    // are most of a pod's size), and a reconcile of their app on each change.
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let _ = ctx.pods.set(pod_reader);
+    let pods = watcher(
+        api!(Pod),
+        watcher::Config::default().labels(
+            "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
+        ),
+    )
+    .default_backoff()
+    .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+    .reflect(pod_writer)
+    .touched_objects();
     Controller::for_stream(stream, reader)
         .with_config(controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(observed(api!(StatefulSet), children.clone(), &ctx))
@@ -1357,18 +1393,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .owns_stream(observed(api!(NetworkPolicy), children, &ctx))
         // Worker pods belong to the StatefulSet, not the StreamApp: map them by label,
         // so a pod that goes away or turns unready starts a failover at once.
-        .watches(
-            api!(Pod),
-            watcher::Config::default().labels(
-                "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
-            ),
-            |pod: Pod| {
-                let ns = pod.namespace().unwrap_or_default();
-                pod.labels()
-                    .get(APP_LABEL)
-                    .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
-            },
-        )
+        .watches_stream(pods, |pod: Pod| {
+            let ns = pod.namespace().unwrap_or_default();
+            pod.labels()
+                .get(APP_LABEL)
+                .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
+        })
         .watches_stream(report_changes, |lease: Lease| {
             let ns = lease.namespace().unwrap_or_default();
             lease
