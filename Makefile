@@ -15,8 +15,15 @@ STACK := e2e/stack
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
 	@echo "make test    lint, unit tests and the end-to-end suite against the real stack"
+	@echo "make test-unit    the pure unit tests alone (no stack)"
+	@echo "make test-e2e    the integration and end-to-end tests alone (brings the stack up)"
+	@echo "make lint    rustfmt --check and clippy -D warnings on every target"
+	@echo "make fmt    format the workspace with rustfmt"
+	@echo "make build    the release binaries and examples (one build for demo, test and bench)"
+	@echo "make prereqs    install the missing system packages (apt-get)"
 	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + the node)"
 	@echo "make images    pack the release binaries into OCI images on the node (make up does it)"
+	@echo "make clean-stack    stop the stack and delete its data (downloads and builds stay)"
 	@echo "make bench-worker    worker throughput (ALOS, EOS), RSS and full-restore rate on the local Kafka"
 	@echo "make bench    Oxbow side by side with Kafka Streams and a raw pipe; writes docs/benchmarks.md"
 	@echo "make bench-operator    operator RSS with N StreamApps (default 50) and apply-to-Ready times"
@@ -52,6 +59,9 @@ clean-stack: down
 
 demo: up
 	@bash $(STACK)/demo.sh
+
+fmt:
+	$(CARGO) fmt --all
 
 lint: prereqs
 	$(CARGO) fmt --all -- --check
