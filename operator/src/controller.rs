@@ -47,10 +47,8 @@ pub const FINALIZER: &str = "oxbow.dev/cleanup";
 pub const FIELD_MANAGER: &str = "oxbow-operator";
 
 /// Each reconciliation in flight holds its own HTTP/1 connection to the API server, and
-/// the pool keeps it with its TLS state and buffers. Unbounded, 50 apps applied at once
-/// kept about 50 connections and 5 MiB more anonymous memory than with 16 (make
-/// bench-operator). 16 still kept up with that burst under the tests' 3 s resync (all
-/// Ready as soon); 8 did not (about 1 s per reconciliation on a busy machine).
+/// the pool keeps it with its TLS state and buffers, so the bound is on memory as much as
+/// on load; 16 keeps up with a burst of apps (docs/benchmarks.md, "Tuning evidence").
 const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 /// The reasons of the events the operator emits, listed so a test can hold them against

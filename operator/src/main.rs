@@ -99,10 +99,9 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The work is waiting on the API server and Kafka, which two workers keep up with at
-/// 50 StreamApps. Every extra thread costs a stack and usually a glibc malloc arena that
-/// keeps what it once held (at 50 apps the default runtime grew to 12 threads, and the
-/// arenas were about 10 MiB of the 27 MiB anonymous memory). The blocking pool only runs
+/// The work is waiting on the API server and Kafka, which two workers keep up with.
+/// Every extra thread costs a stack and usually a glibc malloc arena that keeps what it
+/// once held (docs/benchmarks.md, "Tuning evidence"). The blocking pool only runs
 /// librdkafka's metadata calls.
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

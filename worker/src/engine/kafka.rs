@@ -181,10 +181,8 @@ pub(super) fn consumer_config(app: &App, restore: bool) -> ClientConfig {
         .set("enable.partition.eof", "false");
     // Prefetch is per partition (librdkafka's defaults allow 100 000 records or 64 MiB
     // each): bounded, memory goes to RocksDB's budget, not to records in a queue. Each
-    // queued record also costs librdkafka a few hundred bytes of bookkeeping: at 4 MiB
-    // and 20 000 records per partition the prefetch held about 85 MiB of the worker's
-    // 205 MiB peak in W1 (500 000 records); at 1 MiB and 2 000 it peaked at 119 MiB with
-    // the same throughput.
+    // queued record also costs librdkafka a few hundred bytes of bookkeeping; a smaller
+    // queue kept W1's throughput (docs/benchmarks.md, "Tuning evidence").
     c.set("queued.max.messages.kbytes", "1024")
         .set("queued.min.messages", "2000")
         // With a queue this small it fills often; librdkafka then postpones the
