@@ -1,47 +1,59 @@
 //! The StreamApp controller: a thin `reconcile` (span, metrics timer, finalizer) around
 //! [`apply`] and [`cleanup`], which run in steps: dereference (reads) → validate (pure)
 //! → build (pure) → apply children and topics (writes, in a commented order) → status.
+//!
+//! The folder, one step a file:
+//! - `dereference`: the Kafka Secret and the worker pods (reads);
+//! - `claim`: the application id on the claims topic; `reset`: `oxbow.dev/reset`;
+//! - `internal_topics`: changelog, repartition and dead-letter topics;
+//! - `children`: server-side apply of every child in order, and pruning;
+//! - `pod_creation`: why the StatefulSet controller cannot create pods;
+//! - `status_write`: the status, `status.instances` and the workers' notices;
+//! - `cleanup`: deletion under `deletionPolicy`;
+//! - `watches`: the watches and stores that drive [`reconcile`].
 
+mod children;
 mod claim;
 mod cleanup;
+mod dereference;
 mod internal_topics;
 mod pod_creation;
 mod reset;
+mod status_write;
+mod watches;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{self, Action, Controller};
+use kube::api::Api;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use oxbow_crds::assignment::Params;
 use oxbow_crds::validate::{join_partitions, task_count, validate_app};
 use oxbow_crds::{StreamApp, StreamAppStatus};
-use serde::de::DeserializeOwned;
-use serde_json::json;
 
-use crate::build::{self, APP_LABEL, BuildContext, BuildError, Children};
+use crate::build::{self, BuildContext, BuildError};
 use crate::claims::{Claims, ClaimsError};
 use crate::metrics::Metrics;
 use crate::placement::{self, PlacementConfig, Plan};
 use crate::status::{self, StatusInput, Verdict, WorkloadFacts, reason};
 use crate::topics::{KafkaAdmin, TopicError};
+use children::{apply_children, short_kind, ssa};
 use claim::Ownership;
+pub use dereference::KafkaSecret;
+use dereference::{kafka_secret, worker_pods};
 use reset::ResetPlan;
+use status_write::{publish_reports, write_status};
+pub use watches::run;
 
 pub const FINALIZER: &str = "oxbow.dev/cleanup";
 pub const FIELD_MANAGER: &str = "oxbow-operator";
@@ -342,160 +354,6 @@ pub fn error_policy(app: Arc<StreamApp>, err: &Error, ctx: Arc<Context>) -> Acti
     Action::requeue(delay)
 }
 
-/// Applies `obj` unless its last apply is still what the cluster holds; returns the object
-/// as the API server stored it when it was applied (`None` when skipped).
-async fn ssa<K>(ctx: &Context, ns: &str, obj: &K) -> Result<Option<K>, Error>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + serde::Serialize
-        + DeserializeOwned
-        + Clone
-        + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    let mut v = serde_json::to_value(obj).map_err(|e| Error::ApplyChild {
-        kind: short_kind::<K>(),
-        name: name.clone(),
-        source: kube::Error::SerdeError(e),
-    })?;
-    v["apiVersion"] = json!(K::api_version(&()));
-    v["kind"] = json!(K::kind(&()));
-    let key = (short_kind::<K>(), ns.to_string(), name.clone());
-    let digest = crate::applied::digest(&v);
-    if ctx.applied.unchanged(&key, digest) {
-        return Ok(None);
-    }
-    let live = api
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(v),
-        )
-        .await
-        .map_err(|source| Error::ApplyChild {
-            kind: short_kind::<K>(),
-            name,
-            source,
-        })?;
-    ctx.applied
-        .applied(key, digest, live.meta().resource_version.clone());
-    Ok(Some(live))
-}
-
-fn short_kind<K: Resource<DynamicType = ()>>() -> &'static str {
-    match K::kind(&()).as_ref() {
-        "ServiceAccount" => "ServiceAccount",
-        "Role" => "Role",
-        "RoleBinding" => "RoleBinding",
-        "ConfigMap" => "ConfigMap",
-        "Service" => "Service",
-        "StatefulSet" => "StatefulSet",
-        "PodDisruptionBudget" => "PodDisruptionBudget",
-        "NetworkPolicy" => "NetworkPolicy",
-        _ => "object",
-    }
-}
-
-/// Applies every child in dependency order, then removes the ones no longer wanted.
-async fn apply_children(
-    app: &StreamApp,
-    ns: &str,
-    c: &Children,
-    assignment: Option<&ConfigMap>,
-    ctx: &Context,
-) -> Result<Option<StatefulSet>, Error> {
-    let client = &ctx.client;
-    // Each step skips a child whose last apply is still what the cluster holds.
-    // 1. Identity first, so pods never start without their ServiceAccount and RBAC.
-    ssa(ctx, ns, &c.service_account).await?;
-    ssa(ctx, ns, &c.role).await?;
-    ssa(ctx, ns, &c.role_binding).await?;
-    // 1b. Each pod's report Lease before the pod that renews it; those of pods the
-    //     StatefulSet no longer has go (with them, their entries in status.instances).
-    crate::reports::sync_leases(client, ctx.reports.get(), app, ns, &c.report_leases)
-        .await
-        .map_err(|source| Error::ReadCluster {
-            what: "report Leases".into(),
-            source,
-        })?;
-    // 2. Config before the pods that mount it.
-    ssa(ctx, ns, &c.config_map).await?;
-    // 3. Services: the StatefulSet's serviceName must exist for stable pod identities.
-    ssa(ctx, ns, &c.headless_service).await?;
-    ssa(ctx, ns, &c.client_service).await?;
-    // 4. The NetworkPolicy before the workload, so no pod serves queries unguarded;
-    //    removed when the operator no longer runs with --network-policy.
-    match &c.network_policy {
-        Some(np) => {
-            ssa(ctx, ns, np).await?;
-        }
-        None => prune::<NetworkPolicy>(ctx, ns, app, &[]).await?,
-    }
-    // 5. The workload.
-    let stateful_set = ssa(ctx, ns, &c.stateful_set).await?;
-    // 6. The task assignment, only when it changed, after the StatefulSet: its pods
-    //    may be new to it, and a scale-in that it completes was sized by it.
-    if let Some(cm) = assignment {
-        ssa(ctx, ns, cm).await?;
-    }
-    // 7. Disruption budget: only meaningful with more than one worker; removed otherwise.
-    if app.spec.replicas > 1 {
-        ssa(ctx, ns, &c.pod_disruption_budget).await?;
-    } else {
-        prune::<PodDisruptionBudget>(ctx, ns, app, &[]).await?;
-    }
-    Ok(stateful_set)
-}
-
-/// Deletes objects of kind K labelled as this app's children whose names are not wanted.
-/// Skipped, without a request, when the controller's watch of that kind shows none of
-/// the operator's objects in the namespace: a list per pruned kind was a third of the
-/// GETs of a steady reconcile (make bench-operator at 500 apps).
-async fn prune<K>(ctx: &Context, ns: &str, app: &StreamApp, keep: &[String]) -> Result<(), Error>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + DeserializeOwned
-        + Clone
-        + std::fmt::Debug,
-{
-    if !ctx.applied.any_seen(short_kind::<K>(), ns) {
-        return Ok(());
-    }
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("{APP_LABEL}={}", app.name_any()));
-    let list = api.list(&lp).await.map_err(|source| Error::ReadCluster {
-        what: short_kind::<K>().into(),
-        source,
-    })?;
-    let uid = app.uid().unwrap_or_default();
-    for obj in list.items {
-        let name = obj.meta().name.clone().unwrap_or_default();
-        let owned = obj
-            .meta()
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.uid == uid);
-        if owned && !keep.contains(&name) {
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => {
-                    tracing::info!(kind = short_kind::<K>(), %name, "pruned child no longer wanted")
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => {
-                    return Err(Error::PruneChild {
-                        kind: short_kind::<K>(),
-                        name,
-                        source,
-                    });
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `sts_replicas`: the size the StatefulSet should have (above `spec.replicas` while
 /// pods drain); `pods`: the worker pods that exist.
 fn workload_facts(
@@ -534,78 +392,6 @@ fn workload_facts(
         stopping,
         create_failure,
     }
-}
-
-/// The Secret of `spec.kafka.secretRef`, read.
-#[derive(Debug, Clone, Default)]
-pub struct KafkaSecret {
-    /// Its librdkafka properties (empty without a Secret).
-    pub properties: BTreeMap<String, String>,
-    /// Its resourceVersion: a change rolls the worker pods, which read it at start.
-    pub version: Option<String>,
-}
-
-/// The Secret of `spec.kafka.secretRef` (empty without one). `Ok(None)`: the Secret
-/// does not exist.
-async fn kafka_secret(app: &StreamApp, ctx: &Context) -> Result<Option<KafkaSecret>, Error> {
-    let Some(r) = &app.spec.kafka.secret_ref else {
-        return Ok(Some(KafkaSecret::default()));
-    };
-    let api: Api<Secret> =
-        Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let secret = api
-        .get_opt(&r.name)
-        .await
-        .map_err(|source| Error::ReadCluster {
-            what: format!("Secret {}", r.name),
-            source,
-        })?;
-    Ok(secret.map(|s| {
-        let properties: BTreeMap<String, String> = s
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).trim_end().to_string()))
-            .collect();
-        oxbow_crds::redact::Redactor::new(&properties, properties.keys()).remember();
-        KafkaSecret {
-            properties,
-            version: s.metadata.resource_version,
-        }
-    }))
-}
-
-/// How long a reconcile waits for the pod watch's first list before it lists itself.
-const POD_CACHE_WAIT: Duration = Duration::from_secs(5);
-
-/// The app's worker pods (by the StatefulSet's selector), from the controller's pod watch
-/// once it has listed them all. A pod event reaches the store before it triggers the
-/// reconcile it causes, so a reconcile never sees less than what woke it; the report
-/// Leases that placement also decides on come from a watch in the same way.
-async fn worker_pods(app: &StreamApp, ctx: &Context) -> Result<Vec<Pod>, Error> {
-    let ns = app.namespace().unwrap_or_default();
-    if let Some(store) = ctx.pods.get()
-        && let Ok(Ok(())) = tokio::time::timeout(POD_CACHE_WAIT, store.wait_until_ready()).await
-    {
-        let selector = build::selector_labels(app);
-        return Ok(store
-            .state()
-            .iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-            .filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
-            .map(|p| Pod::clone(p))
-            .collect());
-    }
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let lp = ListParams::default().labels(&build::selector_string(app));
-    Ok(api
-        .list(&lp)
-        .await
-        .map_err(|source| Error::ReadCluster {
-            what: "worker Pods".into(),
-            source,
-        })?
-        .items)
 }
 
 /// Apply: the whole reconciliation of a live StreamApp. Idempotent.
@@ -1177,244 +963,6 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     )
 }
 
-/// `status.instances` from the reports of the live pods, on their bounded schedule, and
-/// the workers' notices as Events.
-async fn publish_reports(
-    ctx: &Context,
-    app: &StreamApp,
-    ns: &str,
-    live: &[&oxbow_crds::InstanceStatus],
-    previous: &[oxbow_crds::InstanceStatus],
-    reports: &BTreeMap<String, oxbow_crds::report::Report>,
-) -> Result<(), Error> {
-    let key = format!("{ns}/{}", app.name_any());
-    let next: Vec<oxbow_crds::InstanceStatus> = live.iter().map(|i| (*i).clone()).collect();
-    if crate::reports::due(previous, &next, ctx.instances_schedule.since(&key)) {
-        crate::reports::write_instances(&ctx.client, app, ns, &next)
-            .await
-            .map_err(Error::WriteStatus)?;
-        ctx.instances_schedule.written(&key);
-    }
-    let notices = {
-        let mut published = ctx
-            .notices_published
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        crate::reports::unpublished(reports, &mut published, ns)
-    };
-    for (pod, n) in notices {
-        ctx.event(
-            app,
-            EventType::Warning,
-            &n.reason,
-            format!("{pod}: {}", n.note),
-        )
-        .await;
-    }
-    Ok(())
-}
-
-async fn write_status(
-    ctx: &Context,
-    app: &StreamApp,
-    status: &StreamAppStatus,
-) -> Result<(), Error> {
-    let api: Api<StreamApp> =
-        Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let mut st =
-        serde_json::to_value(status).map_err(|e| Error::WriteStatus(kube::Error::SerdeError(e)))?;
-    // instances[] is the aggregate of the reports, written on its own schedule
-    // (`publish_reports`): never sent here.
-    if let Some(o) = st.as_object_mut() {
-        o.remove("instances");
-    }
-    // Conditions quote Kafka's errors, which may quote a secret.
-    oxbow_crds::redact::scrub_json(&mut st);
-    // Nothing changed: no write (a steady app costs the API server no status writes).
-    let mut current = app
-        .status
-        .as_ref()
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or_default();
-    if let Some(o) = current.as_object_mut() {
-        o.remove("instances");
-    }
-    if current == st {
-        return Ok(());
-    }
-    let patch = json!({"apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp", "status": st});
-    api.patch_status(
-        &app.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await
-    .map_err(Error::WriteStatus)?;
-    Ok(())
-}
-
-/// Converts raw watch events to StreamApps, dropping (and logging) objects that do not
-/// deserialize, so one malformed object cannot stop the controller.
-fn typed(
-    ev: Result<watcher::Event<DynamicObject>, watcher::Error>,
-) -> Option<Result<watcher::Event<StreamApp>, watcher::Error>> {
-    let parse = |o: DynamicObject| {
-        let name = o.name_any();
-        let ns = o.namespace();
-        match o.try_parse::<StreamApp>() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                tracing::error!(streamapp = %name, namespace = ?ns, error = %e, "skipping a StreamApp that does not deserialize");
-                None
-            }
-        }
-    };
-    Some(Ok(match ev {
-        Err(e) => return Some(Err(e)),
-        Ok(watcher::Event::Apply(o)) => watcher::Event::Apply(parse(o)?),
-        Ok(watcher::Event::InitApply(o)) => watcher::Event::InitApply(parse(o)?),
-        Ok(watcher::Event::Delete(o)) => watcher::Event::Delete(parse(o)?),
-        Ok(watcher::Event::Init) => watcher::Event::Init,
-        Ok(watcher::Event::InitDone) => watcher::Event::InitDone,
-    }))
-}
-
-/// The watch of a child kind, noting each child's resourceVersion for [`ssa`]'s skip.
-fn observed<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    ctx: &Arc<Context>,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug + Send + 'static,
-{
-    let ctx = ctx.clone();
-    watcher(api, config)
-        .default_backoff()
-        .inspect(move |ev| {
-            let note = |o: &K, rv: Option<String>| {
-                let key = (
-                    short_kind::<K>(),
-                    o.meta().namespace.clone().unwrap_or_default(),
-                    o.meta().name.clone().unwrap_or_default(),
-                );
-                ctx.applied.seen(key, rv);
-            };
-            match ev {
-                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                    note(o, o.meta().resource_version.clone())
-                }
-                Ok(watcher::Event::Delete(o)) => note(o, None),
-                _ => {}
-            }
-        })
-        .touched_objects()
-}
-
-/// Runs the controller until SIGTERM/SIGINT.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let client = ctx.client.clone();
-    let ar = ApiResource::erase::<StreamApp>(&());
-    let apps: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
-    let (reader, writer) = reflector::store::<StreamApp>();
-    let stream = watcher(apps, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .filter_map(|ev| futures::future::ready(typed(ev)))
-        .reflect(writer)
-        .applied_objects();
-    let children = watcher::Config::default().labels("app.kubernetes.io/managed-by=oxbow-operator");
-    macro_rules! api {
-        ($k:ty) => {
-            match &namespace {
-                Some(ns) => Api::<$k>::namespaced(client.clone(), ns),
-                None => Api::<$k>::all(client.clone()),
-            }
-        };
-    }
-    // The workers' report Leases: kept in a store for reconcile, and a reconcile only
-    // when what a report says changes, not on every renewal.
-    let (report_reader, report_writer) = reflector::store::<Lease>();
-    let _ = ctx.reports.set(report_reader);
-    let renewals = ctx.clone();
-    let report_changes = watcher(
-        api!(Lease),
-        watcher::Config::default().labels(oxbow_crds::report::REPORT_OF_LABEL),
-    )
-    .default_backoff()
-    .inspect(move |ev| {
-        let note = |l: &Lease, deleted: bool| {
-            let key = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
-            let renew = l
-                .spec
-                .as_ref()
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0.to_string());
-            renewals
-                .renewals
-                .observe(key, renew, deleted, std::time::Instant::now());
-        };
-        match ev {
-            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => note(l, false),
-            Ok(watcher::Event::Delete(l)) => note(l, true),
-            _ => {}
-        }
-    })
-    .reflect(report_writer)
-    .touched_objects()
-    .predicate_filter(crate::reports::relevant, Default::default());
-    // The worker pods: kept in a store for reconcile (without their managed fields, which
-    // are most of a pod's size), and a reconcile of their app on each change.
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let _ = ctx.pods.set(pod_reader);
-    let pods = watcher(
-        api!(Pod),
-        watcher::Config::default().labels(
-            "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
-        ),
-    )
-    .default_backoff()
-    .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
-    .reflect(pod_writer)
-    .touched_objects();
-    Controller::for_stream(stream, reader)
-        .with_config(controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-        .owns_stream(observed(api!(StatefulSet), children.clone(), &ctx))
-        .owns_stream(observed(api!(ConfigMap), children.clone(), &ctx))
-        .owns_stream(observed(api!(Service), children.clone(), &ctx))
-        .owns_stream(observed(api!(ServiceAccount), children.clone(), &ctx))
-        .owns_stream(observed(api!(Role), children.clone(), &ctx))
-        .owns_stream(observed(api!(RoleBinding), children.clone(), &ctx))
-        .owns_stream(observed(api!(PodDisruptionBudget), children.clone(), &ctx))
-        .owns_stream(observed(api!(NetworkPolicy), children, &ctx))
-        // Worker pods belong to the StatefulSet, not the StreamApp: map them by label,
-        // so a pod that goes away or turns unready starts a failover at once.
-        .watches_stream(pods, |pod: Pod| {
-            let ns = pod.namespace().unwrap_or_default();
-            pod.labels()
-                .get(APP_LABEL)
-                .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
-        })
-        .watches_stream(report_changes, |lease: Lease| {
-            let ns = lease.namespace().unwrap_or_default();
-            lease
-                .labels()
-                .get(oxbow_crds::report::REPORT_OF_LABEL)
-                .map(|app| ObjectRef::<StreamApp>::new(app).within(&ns))
-        })
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => tracing::debug!(streamapp = %obj.name, "reconciled"),
-                Err(e) => tracing::debug!(error = %e, "reconcile error"),
-            }
-        })
-        .await;
-}
-
 /// Tasks per stage in a published assignment (its stage-0 tasks).
 fn published_task_count(a: &oxbow_crds::assignment::Assignment) -> Option<i32> {
     let n = a.tasks.keys().filter(|t| t.stage == 0).count();
@@ -1431,37 +979,4 @@ fn source_only(
         .filter(|(t, _)| sources.contains(t))
         .map(|(t, n)| (t.clone(), *n))
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw(spec: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "oxbow.dev/v1alpha1", "kind": "StreamApp",
-            "metadata": {"name": "x", "namespace": "ns"}, "spec": spec,
-        }))
-        .expect("dynamic object")
-    }
-
-    #[test]
-    fn a_malformed_streamapp_is_skipped_instead_of_stopping_the_watch() {
-        let good =
-            raw(json!({"kafka": {"bootstrapServers": "k:9092"}, "source": {"topics": ["a"]}}));
-        let bad = raw(json!({"replicas": "many"}));
-        assert!(matches!(
-            typed(Ok(watcher::Event::Apply(good))),
-            Some(Ok(watcher::Event::Apply(_)))
-        ));
-        assert!(
-            typed(Ok(watcher::Event::Apply(bad.clone()))).is_none(),
-            "dropped, not an error"
-        );
-        assert!(typed(Ok(watcher::Event::InitApply(bad))).is_none());
-        assert!(matches!(
-            typed(Ok(watcher::Event::InitDone)),
-            Some(Ok(watcher::Event::InitDone))
-        ));
-    }
 }
