@@ -106,7 +106,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error("failed to write status: {0}")]
-    WriteStatus(kube::Error),
+    WriteStatus(#[source] kube::Error),
     #[error(transparent)]
     BuildChildren(#[from] BuildError),
     #[error(transparent)]
@@ -115,8 +115,9 @@ pub enum Error {
     Claims(#[from] ClaimsError),
     #[error("failed to clean up before deletion: {0}")]
     Cleanup(String),
+    /// The finalizer's own step failed (adding or removing it), not apply or cleanup.
     #[error("failed to run the finalizer: {0}")]
-    Finalizer(String),
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("failed to remove the oxbow.dev/reset annotation: {0}")]
     ResetAnnotation(#[source] kube::Error),
     /// No client is built from a configuration that would load code or read files.
@@ -320,7 +321,7 @@ pub async fn reconcile(app: Arc<StreamApp>, ctx: Arc<Context>) -> Result<Action,
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
+        other => Error::Finalizer(Box::new(other)),
     });
     if result.is_ok() {
         ctx.failures
@@ -979,4 +980,27 @@ fn source_only(
         .filter(|(t, _)| sources.contains(t))
         .map(|(t, n)| (t.clone(), *n))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_finalizer_step_keeps_its_cause() {
+        let e = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::UnnamedObject));
+        assert_eq!(e.metric_label(), "Finalizer");
+        let cause = e
+            .source()
+            .expect("the finalizer's error is kept as the source");
+        assert!(cause.to_string().contains("name"), "{cause}");
+    }
+
+    #[test]
+    fn a_failed_status_write_keeps_the_api_error_as_its_source() {
+        let e = Error::WriteStatus(kube::Error::LinesCodecMaxLineLengthExceeded);
+        assert!(e.source().is_some(), "the kube error is the source");
+    }
 }
