@@ -76,18 +76,33 @@ async fn compacted_topic_config_is_visible_and_the_cleaner_keeps_the_last_value_
         "topic creation failed: {res:?}"
     );
 
-    let configs = admin
-        .describe_configs([&ResourceSpecifier::Topic(&topic)], &AdminOptions::new())
-        .await
-        .expect("describe_configs request");
-    let cfg = configs
-        .into_iter()
-        .next()
-        .expect("one resource")
-        .expect("topic config");
-    let entry = |name: &str| cfg.get(name).and_then(|e| e.value.clone());
-    assert_eq!(entry("cleanup.policy").as_deref(), Some("compact"));
-    assert_eq!(entry("min.cleanable.dirty.ratio").as_deref(), Some("0.01"));
+    // CreateTopics returns once the controller has the topic; the broker that answers
+    // DescribeConfigs may learn of it a moment later and answer with no entries.
+    wait_for(
+        "the broker to report the new topic's compaction config",
+        Duration::from_secs(30),
+        || async {
+            let configs = admin
+                .describe_configs([&ResourceSpecifier::Topic(&topic)], &AdminOptions::new())
+                .await
+                .map_err(|e| format!("describe_configs: {e}"))?;
+            let cfg = configs
+                .into_iter()
+                .next()
+                .ok_or("no resource in the answer")?
+                .map_err(|e| format!("topic config: {e:?}"))?;
+            let entry = |name: &str| cfg.get(name).and_then(|e| e.value.clone());
+            let got = (entry("cleanup.policy"), entry("min.cleanable.dirty.ratio"));
+            if got.0.as_deref() == Some("compact") && got.1.as_deref() == Some("0.01") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cleanup.policy, min.cleanable.dirty.ratio = {got:?}"
+                ))
+            }
+        },
+    )
+    .await;
 
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
