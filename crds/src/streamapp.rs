@@ -817,12 +817,60 @@ pub struct RestorationStatus {
     pub tasks_restoring: i32,
 }
 
+/// A worker's state as its report and `status.instances[].state` name it. The wire
+/// form stays a string (the CRD schema and older readers are unchanged); both sides
+/// compare through this type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WorkerState {
+    /// Connecting, checking topics, waiting for its first assignment.
+    #[default]
+    Starting,
+    /// At least one active task restores its state.
+    Restoring,
+    Running,
+    /// Asked to stop: committing its last unit of work.
+    Stopping,
+    /// A task or the engine failed.
+    Failed,
+}
+
+impl WorkerState {
+    pub const ALL: [WorkerState; 5] = [
+        Self::Starting,
+        Self::Restoring,
+        Self::Running,
+        Self::Stopping,
+        Self::Failed,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "Starting",
+            Self::Restoring => "Restoring",
+            Self::Running => "Running",
+            Self::Stopping => "Stopping",
+            Self::Failed => "Failed",
+        }
+    }
+
+    /// `None` for a name this version does not know (a newer worker's).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|w| w.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     /// The worker pod this entry belongs to (it writes the entry itself).
     pub pod: String,
-    /// Starting, Restoring, Running, Stopping or Failed.
+    /// Starting, Restoring, Running, Stopping or Failed ([`WorkerState`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// host:port for queries.
@@ -869,6 +917,13 @@ pub struct InstanceStatus {
     pub updated_at: Option<String>,
 }
 
+impl InstanceStatus {
+    /// The reported state, if this version knows its name.
+    pub fn worker_state(&self) -> Option<WorkerState> {
+        self.state.as_deref().and_then(WorkerState::parse)
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopicStatus {
@@ -890,4 +945,28 @@ pub struct TopicStatus {
     /// What the operator last did to the topic: created, grown, corrected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_worker_state_reads_back_from_its_name_and_an_unknown_name_is_none() {
+        for w in WorkerState::ALL {
+            assert_eq!(WorkerState::parse(w.as_str()), Some(w));
+            let json = serde_json::to_string(&w).expect("serializes");
+            assert_eq!(
+                json,
+                format!("\"{w}\""),
+                "the wire name is the display name"
+            );
+        }
+        let mut i = InstanceStatus::default();
+        assert_eq!(i.worker_state(), None);
+        i.state = Some("Hibernating".into());
+        assert_eq!(i.worker_state(), None);
+        i.state = Some("Restoring".into());
+        assert_eq!(i.worker_state(), Some(WorkerState::Restoring));
+    }
 }

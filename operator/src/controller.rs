@@ -45,7 +45,7 @@ use crate::build::{self, BuildContext, BuildError};
 use crate::claims::{Claims, ClaimsError};
 use crate::metrics::Metrics;
 use crate::placement::{self, PlacementConfig, Plan};
-use crate::status::{self, StatusInput, Verdict, WorkloadFacts, reason};
+use crate::status::{self, ConditionType, StatusInput, Verdict, WorkloadFacts, reason};
 use crate::topics::{KafkaAdmin, TopicError};
 use children::{apply_children, short_kind, ssa};
 use claim::Ownership;
@@ -611,8 +611,8 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let place_tasks = match &source_problem {
         None => tasks.or(published_tasks),
         Some(p)
-            if p.reason == reason::SOURCE_PARTITIONS_CHANGED.as_str()
-                || p.reason == reason::KAFKA_SECRET_MISSING.as_str() =>
+            if p.reason == reason::SOURCE_PARTITIONS_CHANGED
+                || p.reason == reason::KAFKA_SECRET_MISSING =>
         {
             published_tasks
         }
@@ -825,22 +825,11 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         now: Timestamp::now(),
     };
     let (conditions, phase) = status::conditions(&input);
-    let ready = conditions
-        .iter()
-        .any(|c| c.type_ == status::READY && c.status == "True");
-    let was_ready = previous
-        .conditions
-        .iter()
-        .any(|c| c.type_ == status::READY && c.status == "True");
-    let stalled = conditions
-        .iter()
-        .find(|c| c.type_ == status::STALLED && c.status == "True")
-        .cloned();
-    let was_stalled_reason = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == status::STALLED && c.status == "True")
-        .map(|c| c.reason.clone());
+    let ready = status::when_true(&conditions, ConditionType::Ready).is_some();
+    let was_ready = status::when_true(&previous.conditions, ConditionType::Ready).is_some();
+    let stalled = status::when_true(&conditions, ConditionType::Stalled).cloned();
+    let was_stalled_reason =
+        status::when_true(&previous.conditions, ConditionType::Stalled).map(|c| c.reason.clone());
     let new_status = StreamAppStatus {
         observed_generation: app.metadata.generation,
         // An app an earlier operator ran keeps reading as legacy until its topics are
@@ -896,10 +885,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     } else if !ready && was_ready {
-        let why = new_status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == status::READY)
+        let why = status::find(&new_status.conditions, ConditionType::Ready)
             .map(|c| c.message.clone())
             .unwrap_or_default();
         ctx.event(app, EventType::Warning, event_reason::NOT_READY, why)

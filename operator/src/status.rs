@@ -8,15 +8,93 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use oxbow_crds::assignment::Assignment;
-use oxbow_crds::{InstanceStatus, Phase, RestorationStatus, TopicStatus};
+use oxbow_crds::{InstanceStatus, Phase, RestorationStatus, TopicStatus, WorkerState};
 
-pub const READY: &str = "Ready";
-pub const RECONCILING: &str = "Reconciling";
-pub const STALLED: &str = "Stalled";
-pub const TOPICS_READY: &str = "TopicsReady";
-pub const WORKLOAD_READY: &str = "WorkloadReady";
-pub const RESTORED: &str = "Restored";
-pub const TASKS_ASSIGNED: &str = "TasksAssigned";
+/// The condition types the operator sets: kstatus' three, then the details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ConditionType {
+    Ready,
+    Reconciling,
+    Stalled,
+    TopicsReady,
+    TasksAssigned,
+    WorkloadReady,
+    Restored,
+}
+
+impl ConditionType {
+    pub const ALL: [ConditionType; 7] = [
+        Self::Ready,
+        Self::Reconciling,
+        Self::Stalled,
+        Self::TopicsReady,
+        Self::TasksAssigned,
+        Self::WorkloadReady,
+        Self::Restored,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "Ready",
+            Self::Reconciling => "Reconciling",
+            Self::Stalled => "Stalled",
+            Self::TopicsReady => "TopicsReady",
+            Self::TasksAssigned => "TasksAssigned",
+            Self::WorkloadReady => "WorkloadReady",
+            Self::Restored => "Restored",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A condition's status. The API keeps it as a string; the operator reads and writes
+/// it through this type, so "true" or "Ture" never compare equal to anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+
+    /// Anything but "True" or "False" is unknown, as the API conventions say.
+    pub fn of(c: &Condition) -> Self {
+        match c.status.as_str() {
+            "True" => Self::True,
+            "False" => Self::False,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(b: bool) -> Self {
+        if b { Self::True } else { Self::False }
+    }
+}
+
+/// The condition of type `t` in `conditions`, if set.
+pub fn find(conditions: &[Condition], t: ConditionType) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == t.as_str())
+}
+
+/// The condition of type `t` when it is set and `True`.
+pub fn when_true(conditions: &[Condition], t: ConditionType) -> Option<&Condition> {
+    find(conditions, t).filter(|c| ConditionStatus::of(c) == ConditionStatus::True)
+}
 
 /// A condition reason. Only the constants of [`reason`] exist (the field is private), so
 /// a new reason cannot be set without being listed in [`reason::ALL`], which a test
@@ -27,6 +105,18 @@ pub struct Reason(&'static str);
 impl Reason {
     pub const fn as_str(self) -> &'static str {
         self.0
+    }
+}
+
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
     }
 }
 
@@ -42,72 +132,72 @@ pub mod reason {
         ($($name:ident = $text:literal on [$($on:expr),+];)+) => {
             $(pub const $name: Reason = Reason($text);)+
             /// Each reason with the condition types it is set on.
-            pub const ALL: &[(Reason, &[&str])] = &[$(($name, &[$($on),+])),+];
+            pub const ALL: &[(Reason, &[super::ConditionType])] = &[$(($name, &[$($on),+])),+];
         };
     }
 
     reasons! {
-        READY = "Ready" on [super::READY];
-        NOT_RECONCILING = "NotReconciling" on [super::RECONCILING];
-        NOT_STALLED = "NotStalled" on [super::STALLED];
-        CLEANUP_TIMED_OUT = "CleanupTimedOut" on [super::STALLED];
+        READY = "Ready" on [super::ConditionType::Ready];
+        NOT_RECONCILING = "NotReconciling" on [super::ConditionType::Reconciling];
+        NOT_STALLED = "NotStalled" on [super::ConditionType::Stalled];
+        CLEANUP_TIMED_OUT = "CleanupTimedOut" on [super::ConditionType::Stalled];
         // Spec problems found by crds/src/validate.rs, and children the API server refuses.
-        INVALID_EXPRESSION = "InvalidExpression" on [super::READY, super::STALLED];
-        EXPRESSION_TOO_COSTLY = "ExpressionTooCostly" on [super::READY, super::STALLED];
-        INVALID_DURATION = "InvalidDuration" on [super::READY, super::STALLED];
-        DUPLICATE_STORE = "DuplicateStore" on [super::READY, super::STALLED];
-        UNUSED_STORE_SETTINGS = "UnusedStoreSettings" on [super::READY, super::STALLED];
-        DUPLICATE_STEP_NAME = "DuplicateStepName" on [super::READY, super::STALLED];
-        TOPIC_COLLISION = "TopicCollision" on [super::READY, super::STALLED];
-        YAML_BOOLEAN_KEY = "YamlBooleanKey" on [super::READY, super::STALLED];
-        UNKNOWN_TABLE = "UnknownTable" on [super::READY, super::STALLED];
-        TABLE_IN_TWO_STAGES = "TableInTwoStages" on [super::READY, super::STALLED];
-        TABLE_NAME_TAKEN = "TableNameTaken" on [super::READY, super::STALLED];
-        OUTPUT_TOPIC_TAKEN = "OutputTopicTaken" on [super::READY, super::STALLED];
-        STREAM_JOIN_WITHOUT_WINDOW = "StreamJoinWithoutWindow" on [super::READY, super::STALLED];
-        NOT_FOR_TABLE_JOINS = "NotForTableJoins" on [super::READY, super::STALLED];
-        JOIN_STREAM_TAKEN = "JoinStreamTaken" on [super::READY, super::STALLED];
-        APPLICATION_ID_CONFLICT = "ApplicationIdConflict" on [super::READY, super::STALLED];
-        APPLICATION_ID_CHANGED = "ApplicationIdChanged" on [super::READY, super::STALLED];
-        INCOMPATIBLE_STATE_CHANGE = "IncompatibleStateChange" on [super::READY, super::STALLED];
-        APPLY_REJECTED = "ApplyRejected" on [super::READY, super::STALLED];
-        BUILD_FAILED = "BuildFailed" on [super::READY, super::STALLED];
-        APPLY_FAILED = "ApplyFailed" on [super::READY, super::RECONCILING];
-        RESETTING_STATE = "ResettingState" on [super::READY, super::RECONCILING, super::TOPICS_READY];
-        TOPICS_READY = "TopicsReady" on [super::TOPICS_READY];
-        TOPICS_PROVISIONING = "TopicsProvisioning" on [super::TOPICS_READY];
-        CONFIG_DRIFT = "ConfigDrift" on [super::TOPICS_READY];
-        SOURCE_TOPICS_MISSING = "SourceTopicsMissing" on [super::TOPICS_READY];
-        SOURCE_TOPICS_NOT_CO_PARTITIONED = "SourceTopicsNotCoPartitioned" on [super::TOPICS_READY];
-        TABLE_NOT_CO_PARTITIONED = "TableNotCoPartitioned" on [super::TOPICS_READY];
-        TABLE_TOPIC_MISSING = "TableTopicMissing" on [super::TOPICS_READY];
-        JOIN_STREAM_NOT_CO_PARTITIONED = "JoinStreamNotCoPartitioned" on [super::TOPICS_READY];
-        JOIN_STREAM_MISSING = "JoinStreamMissing" on [super::TOPICS_READY];
-        KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::TOPICS_READY];
-        INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::TOPICS_READY];
-        KAFKA_PROPERTY_REFUSED = "KafkaPropertyRefused" on [super::READY, super::STALLED, super::TOPICS_READY];
-        KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::TOPICS_READY];
-        KAFKA_AUTHENTICATION_FAILED = "KafkaAuthenticationFailed" on [super::TOPICS_READY];
-        KAFKA_TLS_FAILED = "KafkaTlsFailed" on [super::TOPICS_READY];
-        TOPIC_OPERATION_FAILED = "TopicOperationFailed" on [super::TOPICS_READY];
-        TOPIC_NOT_OWNED = "TopicNotOwned" on [super::TOPICS_READY];
-        SOURCE_PARTITIONS_CHANGED = "SourcePartitionsChanged" on [super::TOPICS_READY];
-        SPEC_INVALID = "SpecInvalid" on [super::TOPICS_READY];
-        TASKS_UNKNOWN = "TasksUnknown" on [super::TOPICS_READY];
-        ASSIGNED = "Assigned" on [super::TASKS_ASSIGNED];
-        ASSIGNMENT_PENDING = "AssignmentPending" on [super::TASKS_ASSIGNED];
-        TASK_FAILED = "TaskFailed" on [super::TASKS_ASSIGNED];
-        SCALED_TO_ZERO = "ScaledToZero" on [super::TASKS_ASSIGNED, super::WORKLOAD_READY];
-        ALL_WORKERS_READY = "AllWorkersReady" on [super::WORKLOAD_READY];
-        STATEFUL_SET_MISSING = "StatefulSetMissing" on [super::WORKLOAD_READY];
-        POD_CREATION_FAILED = "PodCreationFailed" on [super::WORKLOAD_READY];
-        DRAINING = "Draining" on [super::WORKLOAD_READY];
-        SCALING_IN = "ScalingIn" on [super::WORKLOAD_READY];
-        ROLLING_UPDATE = "RollingUpdate" on [super::WORKLOAD_READY];
-        WORKERS_NOT_READY = "WorkersNotReady" on [super::WORKLOAD_READY];
-        RESTORED = "Restored" on [super::RESTORED];
-        NO_STATE = "NoState" on [super::RESTORED];
-        RESTORING = "Restoring" on [super::RESTORED];
+        INVALID_EXPRESSION = "InvalidExpression" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        EXPRESSION_TOO_COSTLY = "ExpressionTooCostly" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        INVALID_DURATION = "InvalidDuration" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        DUPLICATE_STORE = "DuplicateStore" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        UNUSED_STORE_SETTINGS = "UnusedStoreSettings" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        DUPLICATE_STEP_NAME = "DuplicateStepName" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        TOPIC_COLLISION = "TopicCollision" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        YAML_BOOLEAN_KEY = "YamlBooleanKey" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        UNKNOWN_TABLE = "UnknownTable" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        TABLE_IN_TWO_STAGES = "TableInTwoStages" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        TABLE_NAME_TAKEN = "TableNameTaken" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        OUTPUT_TOPIC_TAKEN = "OutputTopicTaken" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        STREAM_JOIN_WITHOUT_WINDOW = "StreamJoinWithoutWindow" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        NOT_FOR_TABLE_JOINS = "NotForTableJoins" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        JOIN_STREAM_TAKEN = "JoinStreamTaken" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        APPLICATION_ID_CONFLICT = "ApplicationIdConflict" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        APPLICATION_ID_CHANGED = "ApplicationIdChanged" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        INCOMPATIBLE_STATE_CHANGE = "IncompatibleStateChange" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        APPLY_REJECTED = "ApplyRejected" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        BUILD_FAILED = "BuildFailed" on [super::ConditionType::Ready, super::ConditionType::Stalled];
+        APPLY_FAILED = "ApplyFailed" on [super::ConditionType::Ready, super::ConditionType::Reconciling];
+        RESETTING_STATE = "ResettingState" on [super::ConditionType::Ready, super::ConditionType::Reconciling, super::ConditionType::TopicsReady];
+        TOPICS_READY = "TopicsReady" on [super::ConditionType::TopicsReady];
+        TOPICS_PROVISIONING = "TopicsProvisioning" on [super::ConditionType::TopicsReady];
+        CONFIG_DRIFT = "ConfigDrift" on [super::ConditionType::TopicsReady];
+        SOURCE_TOPICS_MISSING = "SourceTopicsMissing" on [super::ConditionType::TopicsReady];
+        SOURCE_TOPICS_NOT_CO_PARTITIONED = "SourceTopicsNotCoPartitioned" on [super::ConditionType::TopicsReady];
+        TABLE_NOT_CO_PARTITIONED = "TableNotCoPartitioned" on [super::ConditionType::TopicsReady];
+        TABLE_TOPIC_MISSING = "TableTopicMissing" on [super::ConditionType::TopicsReady];
+        JOIN_STREAM_NOT_CO_PARTITIONED = "JoinStreamNotCoPartitioned" on [super::ConditionType::TopicsReady];
+        JOIN_STREAM_MISSING = "JoinStreamMissing" on [super::ConditionType::TopicsReady];
+        KAFKA_SECRET_MISSING = "KafkaSecretMissing" on [super::ConditionType::TopicsReady];
+        INVALID_KAFKA_PROPERTIES = "InvalidKafkaProperties" on [super::ConditionType::TopicsReady];
+        KAFKA_PROPERTY_REFUSED = "KafkaPropertyRefused" on [super::ConditionType::Ready, super::ConditionType::Stalled, super::ConditionType::TopicsReady];
+        KAFKA_UNREACHABLE = "KafkaUnreachable" on [super::ConditionType::TopicsReady];
+        KAFKA_AUTHENTICATION_FAILED = "KafkaAuthenticationFailed" on [super::ConditionType::TopicsReady];
+        KAFKA_TLS_FAILED = "KafkaTlsFailed" on [super::ConditionType::TopicsReady];
+        TOPIC_OPERATION_FAILED = "TopicOperationFailed" on [super::ConditionType::TopicsReady];
+        TOPIC_NOT_OWNED = "TopicNotOwned" on [super::ConditionType::TopicsReady];
+        SOURCE_PARTITIONS_CHANGED = "SourcePartitionsChanged" on [super::ConditionType::TopicsReady];
+        SPEC_INVALID = "SpecInvalid" on [super::ConditionType::TopicsReady];
+        TASKS_UNKNOWN = "TasksUnknown" on [super::ConditionType::TopicsReady];
+        ASSIGNED = "Assigned" on [super::ConditionType::TasksAssigned];
+        ASSIGNMENT_PENDING = "AssignmentPending" on [super::ConditionType::TasksAssigned];
+        TASK_FAILED = "TaskFailed" on [super::ConditionType::TasksAssigned];
+        SCALED_TO_ZERO = "ScaledToZero" on [super::ConditionType::TasksAssigned, super::ConditionType::WorkloadReady];
+        ALL_WORKERS_READY = "AllWorkersReady" on [super::ConditionType::WorkloadReady];
+        STATEFUL_SET_MISSING = "StatefulSetMissing" on [super::ConditionType::WorkloadReady];
+        POD_CREATION_FAILED = "PodCreationFailed" on [super::ConditionType::WorkloadReady];
+        DRAINING = "Draining" on [super::ConditionType::WorkloadReady];
+        SCALING_IN = "ScalingIn" on [super::ConditionType::WorkloadReady];
+        ROLLING_UPDATE = "RollingUpdate" on [super::ConditionType::WorkloadReady];
+        WORKERS_NOT_READY = "WorkersNotReady" on [super::ConditionType::WorkloadReady];
+        RESTORED = "Restored" on [super::ConditionType::Restored];
+        NO_STATE = "NoState" on [super::ConditionType::Restored];
+        RESTORING = "Restoring" on [super::ConditionType::Restored];
     }
 
     /// The reason for a failed Kafka admin operation.
@@ -152,15 +242,11 @@ pub mod reason {
     }
 }
 
-/// The states a worker reports in its `instances[]` entry.
-pub const STATE_RESTORING: &str = "Restoring";
-pub const STATE_FAILED: &str = "Failed";
-
 /// A detail condition's verdict before it becomes a `Condition`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     pub ok: bool,
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
     /// Progress cannot be made without a change from outside (spec or cluster).
     pub stalled: bool,
@@ -170,7 +256,7 @@ impl Verdict {
     pub fn ok(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: true,
-            reason: reason.as_str().into(),
+            reason,
             message: message.into(),
             stalled: false,
         }
@@ -178,7 +264,7 @@ impl Verdict {
     pub fn waiting(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: false,
-            reason: reason.as_str().into(),
+            reason,
             message: message.into(),
             stalled: false,
         }
@@ -186,7 +272,7 @@ impl Verdict {
     pub fn stalled(reason: Reason, message: impl Into<String>) -> Self {
         Self {
             ok: false,
-            reason: reason.as_str().into(),
+            reason,
             message: message.into(),
             stalled: true,
         }
@@ -324,7 +410,7 @@ pub fn current_instances<'a>(
 }
 
 fn restoring(i: &InstanceStatus) -> bool {
-    i.state.as_deref() == Some(STATE_RESTORING) || i.restore_remaining.unwrap_or(0) > 0
+    i.worker_state() == Some(WorkerState::Restoring) || i.restore_remaining.unwrap_or(0) > 0
 }
 
 /// How many of a restoring worker's active tasks are still behind: those it reports a
@@ -434,7 +520,7 @@ pub fn tasks_verdict(
 ) -> Verdict {
     let failed: Vec<String> = instances
         .iter()
-        .filter(|i| i.state.as_deref() == Some(STATE_FAILED))
+        .filter(|i| i.worker_state() == Some(WorkerState::Failed))
         .map(|i| match &i.last_error {
             Some(e) => format!("{}: {e}", i.pod),
             None => format!("{}: no error reported", i.pod),
@@ -498,21 +584,19 @@ pub struct StatusInput<'a> {
 
 fn condition(
     input: &StatusInput<'_>,
-    type_: &str,
-    status: bool,
-    reason: &str,
+    type_: ConditionType,
+    status: impl Into<ConditionStatus>,
+    reason: Reason,
     message: &str,
 ) -> Condition {
-    let status_str = if status { "True" } else { "False" };
-    let last = input
-        .previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status_str)
+    let status = status.into();
+    let last = find(input.previous, type_)
+        .filter(|c| ConditionStatus::of(c) == status)
         .map(|c| c.last_transition_time.clone());
     Condition {
-        type_: type_.into(),
-        status: status_str.into(),
-        reason: reason.into(),
+        type_: type_.as_str().into(),
+        status: status.as_str().into(),
+        reason: reason.as_str().into(),
         message: message.into(),
         observed_generation: input.generation,
         last_transition_time: last.unwrap_or(Time(input.now)),
@@ -523,18 +607,16 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
     // The first failing detail explains Ready=False; an invalid spec trumps everything.
     // Tasks come before the workload: a failed task says more than "1/3 pods ready".
     let details = [
-        (TOPICS_READY, &input.topics),
-        (TASKS_ASSIGNED, &input.tasks),
-        (WORKLOAD_READY, &input.workload),
-        (RESTORED, &input.restored),
+        (ConditionType::TopicsReady, &input.topics),
+        (ConditionType::TasksAssigned, &input.tasks),
+        (ConditionType::WorkloadReady, &input.workload),
+        (ConditionType::Restored, &input.restored),
     ];
     // A restore explains a pending acknowledgement (a worker acknowledges once its new
     // tasks are restored) and pods not ready (readiness waits for the restore): then
     // Ready names the restore, ahead of those two.
     let explained = |v: &Verdict| {
-        v.ok || [reason::ASSIGNMENT_PENDING, reason::WORKERS_NOT_READY]
-            .iter()
-            .any(|r| v.reason == r.as_str())
+        v.ok || [reason::ASSIGNMENT_PENDING, reason::WORKERS_NOT_READY].contains(&v.reason)
     };
     let restore_first = !input.restored.ok && explained(&input.tasks) && explained(&input.workload);
     let order: Vec<&Verdict> = if restore_first {
@@ -558,53 +640,71 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
     match blocking {
         None => out.push(condition(
             input,
-            READY,
+            ConditionType::Ready,
             true,
-            reason::READY.as_str(),
+            reason::READY,
             "topics exist, every worker is ready and every task is restored",
         )),
-        Some(v) => out.push(condition(input, READY, false, &v.reason, &v.message)),
+        Some(v) => out.push(condition(
+            input,
+            ConditionType::Ready,
+            false,
+            v.reason,
+            &v.message,
+        )),
     }
     match (stalled, blocking) {
         (Some(_), _) | (None, None) => out.push(condition(
             input,
-            RECONCILING,
+            ConditionType::Reconciling,
             false,
-            reason::NOT_RECONCILING.as_str(),
+            reason::NOT_RECONCILING,
             "",
         )),
-        (None, Some(v)) => out.push(condition(input, RECONCILING, true, &v.reason, &v.message)),
+        (None, Some(v)) => out.push(condition(
+            input,
+            ConditionType::Reconciling,
+            true,
+            v.reason,
+            &v.message,
+        )),
     }
     match stalled {
-        Some(v) => out.push(condition(input, STALLED, true, &v.reason, &v.message)),
+        Some(v) => out.push(condition(
+            input,
+            ConditionType::Stalled,
+            true,
+            v.reason,
+            &v.message,
+        )),
         None => out.push(condition(
             input,
-            STALLED,
+            ConditionType::Stalled,
             false,
-            reason::NOT_STALLED.as_str(),
+            reason::NOT_STALLED,
             "",
         )),
     }
     for (t, v) in details {
-        out.push(condition(input, t, v.ok, &v.reason, &v.message));
+        out.push(condition(input, t, v.ok, v.reason, &v.message));
     }
     let phase = if stalled.is_some() {
         Phase::Failed
     } else if ready {
         Phase::Running
-    } else if input.tasks.reason == reason::TASK_FAILED.as_str() {
+    } else if input.tasks.reason == reason::TASK_FAILED {
         Phase::Degraded
     } else if !input.restored.ok {
         Phase::Restoring
-    } else if input.tasks.reason == reason::ASSIGNMENT_PENDING.as_str()
+    } else if input.tasks.reason == reason::ASSIGNMENT_PENDING
         && input.topics.ok
         && input.workload.ok
     {
         // Tasks are changing hands; their new owners start (and restore) them.
         Phase::Restoring
-    } else if input.topics.ok && input.workload.reason == reason::WORKERS_NOT_READY.as_str() {
+    } else if input.topics.ok && input.workload.reason == reason::WORKERS_NOT_READY {
         Phase::Degraded
-    } else if input.workload.reason == reason::STATEFUL_SET_MISSING.as_str() && !input.topics.ok {
+    } else if input.workload.reason == reason::STATEFUL_SET_MISSING && !input.topics.ok {
         Phase::Pending
     } else {
         Phase::Provisioning
@@ -647,15 +747,7 @@ mod tests {
 
     #[test]
     fn every_reason_is_listed_once_with_known_condition_types() {
-        let types = [
-            READY,
-            RECONCILING,
-            STALLED,
-            TOPICS_READY,
-            TASKS_ASSIGNED,
-            WORKLOAD_READY,
-            RESTORED,
-        ];
+        let types = ConditionType::ALL;
         let mut seen = std::collections::BTreeSet::new();
         for (r, on) in reason::ALL {
             assert!(seen.insert(r.as_str()), "{} listed twice", r.as_str());
@@ -680,8 +772,8 @@ mod tests {
         }
     }
 
-    fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
-        cs.iter().find(|c| c.type_ == t).expect("condition present")
+    fn get(cs: &[Condition], t: ConditionType) -> &Condition {
+        find(cs, t).expect("condition present")
     }
 
     #[test]
@@ -691,9 +783,9 @@ mod tests {
             Verdict::ok(reason::TOPICS_READY, ""),
             Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
-        assert_eq!(get(&cs, READY).status, "True");
-        assert_eq!(get(&cs, RECONCILING).status, "False");
-        assert_eq!(get(&cs, STALLED).status, "False");
+        assert_eq!(get(&cs, ConditionType::Ready).status, "True");
+        assert_eq!(get(&cs, ConditionType::Reconciling).status, "False");
+        assert_eq!(get(&cs, ConditionType::Stalled).status, "False");
         assert_eq!(phase, Phase::Running);
         assert!(cs.iter().all(|c| c.observed_generation == Some(3)));
     }
@@ -712,13 +804,13 @@ mod tests {
             create_failure: None,
         });
         let (cs, phase) = conditions(&input(&[], Verdict::ok(reason::TOPICS_READY, ""), w));
-        assert_eq!(get(&cs, READY).status, "False");
-        assert_eq!(get(&cs, READY).reason, "WorkersNotReady");
+        assert_eq!(get(&cs, ConditionType::Ready).status, "False");
+        assert_eq!(get(&cs, ConditionType::Ready).reason, "WorkersNotReady");
         assert_eq!(
-            get(&cs, READY).message,
+            get(&cs, ConditionType::Ready).message,
             "1/3 worker pods ready, 3/3 updated to the current spec"
         );
-        assert_eq!(get(&cs, RECONCILING).status, "True");
+        assert_eq!(get(&cs, ConditionType::Reconciling).status, "True");
         assert_eq!(phase, Phase::Degraded);
     }
 
@@ -730,7 +822,7 @@ mod tests {
             ..Default::default()
         }]);
         let (cs, phase) = conditions(&input(&[], t, Verdict::ok(reason::ALL_WORKERS_READY, "")));
-        let s = get(&cs, STALLED);
+        let s = get(&cs, ConditionType::Stalled);
         assert_eq!(
             (s.status.as_str(), s.reason.as_str()),
             ("True", "ConfigDrift")
@@ -741,7 +833,7 @@ mod tests {
             "{}",
             s.message
         );
-        assert_eq!(get(&cs, RECONCILING).status, "False");
+        assert_eq!(get(&cs, ConditionType::Reconciling).status, "False");
         assert_eq!(phase, Phase::Failed);
     }
 
@@ -772,7 +864,7 @@ mod tests {
     fn transition_time_is_kept_while_the_status_is_unchanged() {
         let old = Time(Timestamp::from_second(1_700_000_000).expect("ts"));
         let prev = vec![Condition {
-            type_: READY.into(),
+            type_: ConditionType::Ready.as_str().into(),
             status: "False".into(),
             reason: "X".into(),
             message: "".into(),
@@ -785,7 +877,7 @@ mod tests {
             Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
         assert_eq!(
-            get(&cs, READY).last_transition_time,
+            get(&cs, ConditionType::Ready).last_transition_time,
             old,
             "still False: time kept"
         );
@@ -795,7 +887,7 @@ mod tests {
             Verdict::ok(reason::ALL_WORKERS_READY, ""),
         ));
         assert_ne!(
-            get(&cs, READY).last_transition_time,
+            get(&cs, ConditionType::Ready).last_transition_time,
             old,
             "flipped to True: new time"
         );
@@ -813,8 +905,8 @@ mod tests {
             "spec.steps[0].filter.cel: …",
         ));
         let (cs, phase) = conditions(&i);
-        assert_eq!(get(&cs, READY).reason, "InvalidExpression");
-        assert_eq!(get(&cs, STALLED).status, "True");
+        assert_eq!(get(&cs, ConditionType::Ready).reason, "InvalidExpression");
+        assert_eq!(get(&cs, ConditionType::Stalled).status, "True");
         assert_eq!(phase, Phase::Failed);
     }
 
@@ -912,11 +1004,11 @@ mod tests {
         i.tasks = v;
         let (cs, phase) = conditions(&i);
         assert_eq!(
-            get(&cs, READY).reason,
+            get(&cs, ConditionType::Ready).reason,
             "TaskFailed",
             "said before the pod count"
         );
-        assert_eq!(get(&cs, TASKS_ASSIGNED).status, "False");
+        assert_eq!(get(&cs, ConditionType::TasksAssigned).status, "False");
         assert_eq!(phase, Phase::Degraded);
     }
 
@@ -938,8 +1030,8 @@ mod tests {
         );
         i.tasks = v;
         let (cs, phase) = conditions(&i);
-        assert_eq!(get(&cs, READY).reason, "AssignmentPending");
-        assert_eq!(get(&cs, RECONCILING).status, "True");
+        assert_eq!(get(&cs, ConditionType::Ready).reason, "AssignmentPending");
+        assert_eq!(get(&cs, ConditionType::Reconciling).status, "True");
         assert_eq!(phase, Phase::Restoring);
         let v = tasks_verdict(Some(&assigned(7)), &[&worker("app-0")], 2);
         assert!(v.ok, "{v:?}");

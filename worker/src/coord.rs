@@ -186,9 +186,9 @@ pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceSta
         })
         .collect();
     let state = if !failed.is_empty() {
-        "Failed".to_string()
+        oxbow_crds::WorkerState::Failed
     } else {
-        s.state.clone()
+        s.state
     };
     let state_lag: BTreeMap<String, i64> = s
         .tasks
@@ -207,7 +207,7 @@ pub fn instance_entry(pod: &str, address: &str, s: &WorkerStatus) -> InstanceSta
     };
     InstanceStatus {
         pod: pod.to_string(),
-        state: Some(state),
+        state: Some(state.to_string()),
         address: Some(address.to_string()),
         active_tasks: ids(Role::Active),
         standby_tasks: ids(Role::Standby),
@@ -595,7 +595,7 @@ mod tests {
         standby.state = TaskState::Running;
         standby.state_lag = Some(5);
         let s = WorkerStatus {
-            state: "Restoring".into(),
+            state: oxbow_crds::WorkerState::Restoring,
             generation: 9,
             tasks: vec![active, running, standby],
             ..Default::default()
@@ -627,7 +627,7 @@ mod tests {
         t.state = TaskState::Failed;
         t.last_error = Some("step map: boom".into());
         let s = WorkerStatus {
-            state: "Running".into(),
+            state: oxbow_crds::WorkerState::Running,
             tasks: vec![t],
             ..Default::default()
         };

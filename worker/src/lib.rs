@@ -61,7 +61,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             oxbow_crds::ProcessingGuarantee::ExactlyOnce => "exactly_once".into(),
             oxbow_crds::ProcessingGuarantee::AtLeastOnce => "at_least_once".into(),
         };
-        s.state = "Starting".into();
+        s.state = oxbow_crds::WorkerState::Starting;
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -131,7 +131,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
     };
     if let Err(e) = &result {
         shared.update(|s| {
-            s.state = "Failed".into();
+            s.state = oxbow_crds::WorkerState::Failed;
             s.last_error = Some(oxbow_crds::redact::scrub(&e.to_string()));
         });
     }

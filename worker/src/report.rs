@@ -198,7 +198,7 @@ pub async fn final_report(cfg: &CoordConfig, shared: &Shared) {
     };
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut s = shared.snapshot().unwrap_or_else(|| WorkerStatus {
-        state: "Failed".into(),
+        state: oxbow_crds::WorkerState::Failed,
         last_error: Some("the engine thread panicked".into()),
         ..Default::default()
     });

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use oxbow_crds::TaskId;
 use oxbow_crds::assignment::TaskPlacement;
+use oxbow_crds::{TaskId, WorkerState};
 use serde::Serialize;
 
 use crate::store::TaskDb;
@@ -110,7 +110,7 @@ pub struct WorkerStatus {
     pub instances: u32,
     pub guarantee: String,
     /// Starting, Restoring, Running, Stopping or Failed.
-    pub state: String,
+    pub state: WorkerState,
     /// The assignment generation applied (0 standalone).
     pub generation: i64,
     /// Tasks assigned active here that wait for their previous owner to let go (they
@@ -200,7 +200,7 @@ impl Shared {
     /// gate readiness: they serve no traffic and catch up in the background.
     pub fn ready(&self) -> bool {
         self.snapshot().is_some_and(|s| {
-            s.state == "Running"
+            s.state == WorkerState::Running
                 && s.waiting_for_release.is_empty()
                 && s.tasks
                     .iter()

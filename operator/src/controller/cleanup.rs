@@ -164,11 +164,12 @@ pub async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     let mut st = app.status.clone().unwrap_or_default();
-    st.conditions.retain(|c| c.type_ != status::STALLED);
+    st.conditions
+        .retain(|c| c.type_ != status::ConditionType::Stalled.as_str());
     st.conditions
         .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: status::STALLED.into(),
-            status: "True".into(),
+            type_: status::ConditionType::Stalled.as_str().into(),
+            status: status::ConditionStatus::True.as_str().into(),
             reason: reason::CLEANUP_TIMED_OUT.as_str().into(),
             message: msg,
             observed_generation: app.metadata.generation,

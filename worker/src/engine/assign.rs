@@ -114,7 +114,7 @@ impl Engine {
         if !moved_on {
             self.shared.update(|s| {
                 s.generation = d.generation;
-                s.state = "Running".into();
+                s.state = oxbow_crds::WorkerState::Running;
             });
         }
         Ok(())

@@ -81,7 +81,8 @@ impl Engine {
                 dbs.insert(*id, db.clone());
             }
         }
-        self.shared.update(|s| s.state = "Restoring".into());
+        self.shared
+            .update(|s| s.state = oxbow_crds::WorkerState::Restoring);
         let ids: Vec<TaskId> = batch.iter().map(|(id, _)| *id).collect();
         let stores: BTreeMap<TaskId, Vec<StoreName>> =
             ids.iter().map(|id| (*id, self.task_stores(*id))).collect();

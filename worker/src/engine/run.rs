@@ -191,7 +191,8 @@ impl Engine {
         }
         self.abandon_restore();
         tracing::info!("stopping: committing the current unit of work");
-        self.shared.update(|s| s.state = "Stopping".into());
+        self.shared
+            .update(|s| s.state = oxbow_crds::WorkerState::Stopping);
         self.commit_all()?;
         let standbys: Vec<TaskId> = self.standbys.keys().copied().collect();
         for t in standbys {
