@@ -58,7 +58,7 @@ pub const STREAMAPP_EXTERNAL: &[External] = &[
 const INTRO: &str = "\
 This file is generated from the CRD's OpenAPI v3 schema (the types in `crds/src/streamapp.rs`) \
 by `crds/src/reference.rs`. Do not edit it: run \
-`OXBOW_UPDATE_REFERENCE=1 cargo test --release -p oxbow-crds --test committed_reference_matches_the_schema` \
+`OXBOW_UPDATE_REFERENCE=1 cargo test --release -p oxbow-crds --test it committed_reference` \
 and commit the result. What the fields do, with examples, is in [streamapp.md](../streamapp.md).
 
 How to read it:

@@ -21,7 +21,7 @@ registry="${OXBOW_IMAGE_REGISTRY:-ghcr.io/oxbow}"
 version="${OXBOW_VERSION:-$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version *= *"\([^"]*\)".*/\1/p' "$root/Cargo.toml")}"
 kubeconfig="${KIND_KUBECONFIG:-$HOME/.cache/oxbow/kind/kubeconfig}"
 # These must agree with cluster.yaml and kafka.yaml; the test
-# e2e/tests/kind_manifests_are_accepted_by_the_api_server.rs checks that they do.
+# e2e/tests/it/kind_manifests_are_accepted_by_the_api_server.rs checks that they do.
 kafka_host_port=30092
 kafka_in_cluster=kafka.kafka.svc.cluster.local:9092
 pod_subnet=10.244.0.0/16

@@ -8,7 +8,7 @@
 # shared libraries `ldd` names and the dynamic loader, CA certificates, /tmp, and
 # /etc/passwd and /etc/group with distroless' `nonroot` user (65532), which the image
 # runs as. Same entrypoint (/usr/local/bin/<binary>) and paths as the Dockerfile; the
-# test e2e/tests/the_node_runs_real_containers.rs checks them.
+# test e2e/tests/it/the_node_runs_real_containers.rs checks them.
 #
 # One uncompressed layer per image, built reproducibly (sorted, mtime 0, owner 0), so an
 # unchanged binary gives the same digest and is not imported again.

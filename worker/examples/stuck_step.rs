@@ -3,9 +3,9 @@
 //! it runs in that pod, as a step blocked on a dead dependency would. It takes the same command
 //! line as `oxbow-worker` (pod mode included: the local stack runs it as the image
 //! `oxbow-stuck`).
-//! `worker/tests/custom_processor_gets_the_same_machinery.rs` runs it to show that
+//! `worker/tests/it/custom_processor_gets_the_same_machinery.rs` runs it to show that
 //! `/healthz` fails once the processing loop stops turning, and
-//! `e2e/tests/a_wedged_worker_pod_is_failed_over_and_restarted_by_its_liveness_probe.rs`
+//! `e2e/tests/it/a_wedged_worker_pod_is_failed_over_and_restarted_by_its_liveness_probe.rs`
 //! that the operator moves its tasks and the kubelet restarts it.
 //!
 //! ```sh

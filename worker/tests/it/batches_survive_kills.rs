@@ -4,12 +4,10 @@
 //! consumers see identical batches.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 #[test]
 fn ten_thousand_records_make_ten_identical_batches_despite_two_kills() {

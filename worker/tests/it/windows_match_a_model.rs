@@ -5,13 +5,11 @@
 //! every window of its own that is still open, and dropped if none is.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 type Key = (String, i64, i64); // key, start, end
 type Agg = (i64, i64); // count, sum

@@ -14,15 +14,13 @@
 //! partition came out of stage 1, everything before it did too.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::support::*;
 use oxbow_crds::Partitioner;
 use oxbow_worker::query::{encode, partition_for};
 use serde_json::{Value, json};
-use support::*;
 
 const PARTITIONS: i32 = 4;
 const MINUTE: i64 = 60_000;

@@ -3,12 +3,10 @@
 //! the source position; every good record is processed exactly once; nothing stalls.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeSet;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 #[test]
 fn malformed_and_failing_records_are_dead_lettered_and_the_rest_flow() {

@@ -9,16 +9,14 @@
 //! both agree with the Java clients' partitioner.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::*;
 use oxbow_crds::Partitioner;
 use oxbow_worker::query::{encode, partition_for};
 use serde_json::{Value, json};
-use support::*;
 
 const RECORDS: i64 = 2_000;
 const KEYS: i64 = 200;

@@ -4,10 +4,8 @@
 //! keeps flowing.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 #[test]
 fn a_window_a_later_step_rejects_is_dead_lettered_alone_and_the_rest_flow() {

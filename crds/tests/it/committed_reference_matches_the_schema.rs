@@ -18,7 +18,7 @@ fn committed_reference_matches_the_schema() {
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         have == want,
-        "{} is out of date with crds/src/streamapp.rs: run `OXBOW_UPDATE_REFERENCE=1 cargo test --release -p oxbow-crds --test committed_reference_matches_the_schema` and commit it",
+        "{} is out of date with crds/src/streamapp.rs: run `OXBOW_UPDATE_REFERENCE=1 cargo test --release -p oxbow-crds --test it committed_reference` and commit it",
         oxbow_crds::reference::REFERENCE_PATH
     );
 }

@@ -5,13 +5,11 @@
 //! and no repeat.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const RECORDS: i64 = 60_000;
 const KEYS: i64 = 20;

@@ -5,14 +5,12 @@
 //! (`worker/examples/stuck_step.rs`) fails `/healthz`, so the kubelet restarts the pod.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 fn example(name: &str) -> std::path::PathBuf {
     // target/release/deps/<this test> → target/release/examples/<name>

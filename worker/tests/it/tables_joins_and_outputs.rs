@@ -17,13 +17,11 @@
 //!   record with the topic in the reason.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 const PARTITIONS: i32 = 4;
 const USERS: i64 = 10;

@@ -5,12 +5,10 @@
 //! them flow, each exactly once.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const BIG: usize = 1_200_000;
 /// The source takes records of up to 2 MB; the sink and the dead-letter topic keep the

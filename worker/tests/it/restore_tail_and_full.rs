@@ -4,13 +4,11 @@
 //! what was there before.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const KEYS: i64 = 2_000;
 

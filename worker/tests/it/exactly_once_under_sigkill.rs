@@ -6,13 +6,11 @@
 //! repeat outputs but must lose nothing and end with exact aggregates.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const RECORDS: i64 = 200_000;
 const KEYS: i64 = 100;

@@ -5,12 +5,10 @@
 //! permanent and `deadLetter`, it lands in the DLQ and the dedupe store never holds it.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 fn manifest(app: &str, policy: &str, map_value: &str) -> String {
     format!(
