@@ -870,7 +870,7 @@ impl std::fmt::Display for WorkerState {
 pub struct InstanceStatus {
     /// The worker pod this entry belongs to (it writes the entry itself).
     pub pod: String,
-    /// Starting, Restoring, Running, Stopping or Failed ([`WorkerState`]).
+    /// Starting, Restoring, Running, Stopping or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// host:port for queries.
