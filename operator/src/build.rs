@@ -957,4 +957,84 @@ spec:
             ])
         );
     }
+
+    /// Every child of an app that sets every field the build reads, as JSON: the committed
+    /// snapshot (`operator/tests/snapshots/children.json`) is what the build gives. Run with
+    /// `OXBOW_UPDATE_SNAPSHOT=1` to rewrite it after a deliberate change, and review the diff.
+    #[test]
+    fn the_children_of_a_full_spec_match_the_committed_snapshot() {
+        let a = app(r#"  image: registry.local/oxbow-worker:9.9.9
+  storage: {size: 5Gi, storageClassName: fast}
+  deletionPolicy: {volumes: Delete}
+  resources:
+    requests: {cpu: 500m, memory: 512Mi}
+    limits: {cpu: "2", memory: 1Gi}
+  podTemplate:
+    labels: {team: risk}
+    annotations: {note: hello}
+    nodeSelector: {disk: ssd}
+    tolerations: [{key: dedicated, operator: Equal, value: stream, effect: NoSchedule}]
+    affinity:
+      podAntiAffinity:
+        preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: kubernetes.io/hostname
+            labelSelector: {matchLabels: {oxbow.dev/streamapp: fraud}}
+    priorityClassName: streaming
+    terminationGracePeriodSeconds: 90
+    env: [{name: RUST_LOG, value: debug}]
+"#);
+        let mut a = a;
+        a.spec.kafka.secret_ref = Some(serde_yaml::from_str("{name: kafka-creds}").expect("ref"));
+        let cx = BuildContext {
+            default_image: "oxbow-worker:0.1.0".into(),
+            query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
+        };
+        let c = build(&a, &cx, 4, Some("12345")).expect("builds");
+        let assignment = oxbow_crds::assignment::next(
+            None,
+            &[oxbow_crds::assignment::PodFacts {
+                pod: "fraud-0".into(),
+                eligible: true,
+                ..Default::default()
+            }],
+            oxbow_crds::assignment::Params {
+                tasks: 2,
+                stages: 1,
+                standby_replicas: 0,
+                warmup_max_lag: 0,
+            },
+        );
+        let got = json!({
+            "serviceAccount": c.service_account,
+            "role": c.role,
+            "roleBinding": c.role_binding,
+            "configMap": c.config_map,
+            "headlessService": c.headless_service,
+            "clientService": c.client_service,
+            "statefulSet": c.stateful_set,
+            "podDisruptionBudget": c.pod_disruption_budget,
+            "networkPolicy": c.network_policy,
+            "reportLeases": c.report_leases,
+            "assignmentConfigMap": assignment_config_map(&a, &assignment).expect("builds"),
+        });
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/children.json");
+        let text = serde_json::to_string_pretty(&got).expect("json") + "\n";
+        if std::env::var_os("OXBOW_UPDATE_SNAPSHOT").is_some() {
+            std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+            std::fs::write(&path, &text).expect("write snapshot");
+        }
+        let want: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&path)
+                .expect("the snapshot exists (OXBOW_UPDATE_SNAPSHOT=1 writes it)"),
+        )
+        .expect("snapshot JSON");
+        assert!(
+            got == want,
+            "the children differ from {}: run with OXBOW_UPDATE_SNAPSHOT=1 and review the diff",
+            path.display()
+        );
+    }
 }
