@@ -63,33 +63,31 @@ pub const FIELD_MANAGER: &str = "oxbow-operator";
 /// on load; 16 keeps up with a burst of apps (docs/benchmarks.md, "Tuning evidence").
 const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
-/// The reasons of the events the operator emits, listed so a test can hold them against
-/// docs/streamapp.md. Besides these, an app that stalls gets a Warning whose reason is
-/// the `Stalled` condition's (see [`status::reason`]).
-pub mod event_reason {
-    pub const TOPIC_CREATED: &str = "TopicCreated";
-    pub const TOPIC_PARTITIONS_ADDED: &str = "TopicPartitionsAdded";
-    pub const TOPIC_CONFIG_CORRECTED: &str = "TopicConfigCorrected";
-    pub const READY: &str = "Ready";
-    pub const NOT_READY: &str = "NotReady";
-    pub const CLEANED_UP: &str = "CleanedUp";
-    pub const CLEANUP_TIMED_OUT: &str = "CleanupTimedOut";
-    pub const STATE_RESET: &str = "StateReset";
-    pub const ALL: &[&str] = &[
-        TOPIC_CREATED,
-        TOPIC_PARTITIONS_ADDED,
-        TOPIC_CONFIG_CORRECTED,
-        READY,
-        NOT_READY,
-        CLEANED_UP,
-        CLEANUP_TIMED_OUT,
-        STATE_RESET,
-    ];
+/// The reasons of the events the operator emits: the variant's name is the reason. A
+/// test holds [`EventReason::VARIANTS`] against docs/streamapp.md. Besides these, an
+/// app that stalls gets a Warning whose reason is the `Stalled` condition's (see
+/// [`status::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+pub enum EventReason {
+    TopicCreated,
+    TopicPartitionsAdded,
+    TopicConfigCorrected,
+    Ready,
+    NotReady,
+    CleanedUp,
+    CleanupTimedOut,
+    StateReset,
+}
+
+impl EventReason {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Errors of one reconciliation. The variant name is the metric label (no event is
 /// emitted for them: the status conditions say what is wrong).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum Error {
     #[error("failed to apply {kind} {name}: {source}")]
     ApplyChild {
@@ -128,24 +126,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// The variant's name, but a Kafka connection problem is labelled with its condition
+    /// reason (`KafkaUnreachable`, `KafkaAuthenticationFailed`, `KafkaTlsFailed`), so a
+    /// dashboard tells an unreachable cluster from a refused topic operation.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::ApplyChild { .. } => "ApplyChild",
-            Error::ReadCluster { .. } => "ReadCluster",
-            Error::PruneChild { .. } => "PruneChild",
-            Error::WriteStatus(_) => "WriteStatus",
-            Error::BuildChildren(_) => "BuildChildren",
-            Error::Topics(e) => match e {
-                TopicError::KafkaUnreachable { .. }
+            Error::Topics(
+                e @ (TopicError::KafkaUnreachable { .. }
                 | TopicError::KafkaAuthentication { .. }
-                | TopicError::KafkaTls { .. } => crate::status::reason::of_topics(e).as_str(),
-                _ => "Topics",
-            },
-            Error::Claims(_) => "Claims",
-            Error::Cleanup(_) => "Cleanup",
-            Error::Finalizer(_) => "Finalizer",
-            Error::ResetAnnotation(_) => "ResetAnnotation",
-            Error::RefusedProperties { .. } => "RefusedProperties",
+                | TopicError::KafkaTls { .. }),
+            ) => crate::status::reason::of_topics(e).as_str(),
+            other => other.into(),
         }
     }
 }
@@ -866,7 +857,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             ctx.event(
                 app,
                 EventType::Normal,
-                event_reason::STATE_RESET,
+                EventReason::StateReset.as_str(),
                 v.message.clone(),
             )
             .await;
@@ -880,7 +871,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         ctx.event(
             app,
             EventType::Normal,
-            event_reason::READY,
+            EventReason::Ready.as_str(),
             "topics exist, every worker is ready and restored".into(),
         )
         .await;
@@ -888,7 +879,7 @@ async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
         let why = status::find(&new_status.conditions, ConditionType::Ready)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        ctx.event(app, EventType::Warning, event_reason::NOT_READY, why)
+        ctx.event(app, EventType::Warning, EventReason::NotReady.as_str(), why)
             .await;
     }
     if let Some(s) = &stalled
@@ -988,5 +979,24 @@ mod tests {
     fn a_failed_status_write_keeps_the_api_error_as_its_source() {
         let e = Error::WriteStatus(kube::Error::LinesCodecMaxLineLengthExceeded);
         assert!(e.source().is_some(), "the kube error is the source");
+    }
+
+    #[test]
+    fn a_metric_label_is_the_variant_name_but_a_kafka_connection_problem_names_its_reason() {
+        let e = Error::Cleanup("x".into());
+        assert_eq!(e.metric_label(), "Cleanup");
+        let e = Error::RefusedProperties { refused: vec![] };
+        assert_eq!(e.metric_label(), "RefusedProperties");
+        let e = Error::Topics(TopicError::KafkaUnreachable {
+            bootstrap: "b:9092".into(),
+            source: rdkafka::error::KafkaError::Canceled,
+        });
+        assert_eq!(e.metric_label(), "KafkaUnreachable");
+    }
+
+    #[test]
+    fn an_event_reason_is_its_variant_name() {
+        assert_eq!(EventReason::TopicCreated.as_str(), "TopicCreated");
+        assert_eq!(EventReason::CleanupTimedOut.as_str(), "CleanupTimedOut");
     }
 }

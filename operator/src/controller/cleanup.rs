@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use oxbow_crds::{Retention, StreamApp};
 
 use super::claim::{self, owner};
-use super::{Context, Error, event_reason, kafka_secret, write_status};
+use super::{Context, Error, EventReason, kafka_secret, write_status};
 use crate::build;
 use crate::ownership::topic_key;
 use crate::status::{self, reason};
@@ -132,7 +132,7 @@ pub async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
             ctx.event(
                 app,
                 EventType::Normal,
-                event_reason::CLEANED_UP,
+                EventReason::CleanedUp.as_str(),
                 format!("{} per deletionPolicy", what.join(", ")),
             )
             .await;
@@ -159,7 +159,7 @@ pub async fn cleanup(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     ctx.event(
         app,
         EventType::Warning,
-        event_reason::CLEANUP_TIMED_OUT,
+        EventReason::CleanupTimedOut.as_str(),
         msg.clone(),
     )
     .await;

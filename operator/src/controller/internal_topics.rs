@@ -7,7 +7,7 @@ use kube::runtime::events::EventType;
 use oxbow_crds::{DriftPolicy, StreamApp, StreamAppStatus, TopicStatus};
 
 use super::claim::owner;
-use super::{Cluster, Context, Error, event_reason};
+use super::{Cluster, Context, Error, EventReason};
 use crate::ownership::{ClaimsView, TopicFacts, TopicOwnership, TopicRecord, topic_key};
 use crate::topics::{self, Role, TopicAction};
 
@@ -100,7 +100,7 @@ pub async fn reconcile(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        event_reason::TOPIC_CREATED,
+                        EventReason::TopicCreated.as_str(),
                         format!("created topic {} with {} partitions", w.name, w.partitions),
                     )
                     .await;
@@ -111,7 +111,7 @@ pub async fn reconcile(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        event_reason::TOPIC_PARTITIONS_ADDED,
+                        EventReason::TopicPartitionsAdded.as_str(),
                         format!("topic {} grown to {n} partitions", w.name),
                     )
                     .await;
@@ -127,7 +127,7 @@ pub async fn reconcile(
                     ctx.event(
                         app,
                         EventType::Normal,
-                        event_reason::TOPIC_CONFIG_CORRECTED,
+                        EventReason::TopicConfigCorrected.as_str(),
                         format!("topic {}: set {what}", w.name),
                     )
                     .await;

@@ -1,13 +1,14 @@
 //! docs/streamapp.md must explain every condition reason, phase and event reason the
 //! operator can set, and nothing it cannot. Pure: reads the operator's lists
-//! (`status::reason::ALL`, `controller::event_reason::ALL`), the CRD's phase enum and
+//! (`status::reason::ALL`, `controller::EventReason::VARIANTS`), the CRD's phase enum and
 //! the doc's tables; no cluster.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use oxbow_operator::controller::event_reason;
+use oxbow_operator::controller::EventReason;
 use oxbow_operator::status::reason;
+use strum::VariantArray;
 
 fn doc() -> String {
     let path = PathBuf::from(manifest_dir()).join("../docs/streamapp.md");
@@ -126,10 +127,13 @@ fn every_event_reason_is_documented() {
         .filter(|row| row[0].starts_with('`'))
         .flat_map(|row| names(&row[0]))
         .collect();
-    let code: BTreeSet<String> = event_reason::ALL.iter().map(|r| r.to_string()).collect();
+    let code: BTreeSet<String> = EventReason::VARIANTS
+        .iter()
+        .map(|r| r.as_str().to_string())
+        .collect();
     assert_eq!(
         documented, code,
-        "the Events table of docs/streamapp.md must list exactly controller::event_reason::ALL"
+        "the Events table of docs/streamapp.md must list exactly controller::EventReason::VARIANTS"
     );
 }
 
