@@ -10,8 +10,11 @@ use k8s_openapi::jiff::Timestamp;
 use oxbow_crds::assignment::Assignment;
 use oxbow_crds::{InstanceStatus, Phase, RestorationStatus, TopicStatus, WorkerState};
 
-/// The condition types the operator sets: kstatus' three, then the details.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// The condition types the operator sets: kstatus' three, then the details. The
+/// variant's name is the type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr, strum::VariantArray,
+)]
 pub enum ConditionType {
     Ready,
     Reconciling,
@@ -23,26 +26,8 @@ pub enum ConditionType {
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 7] = [
-        Self::Ready,
-        Self::Reconciling,
-        Self::Stalled,
-        Self::TopicsReady,
-        Self::TasksAssigned,
-        Self::WorkloadReady,
-        Self::Restored,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ready => "Ready",
-            Self::Reconciling => "Reconciling",
-            Self::Stalled => "Stalled",
-            Self::TopicsReady => "TopicsReady",
-            Self::TasksAssigned => "TasksAssigned",
-            Self::WorkloadReady => "WorkloadReady",
-            Self::Restored => "Restored",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -747,7 +732,7 @@ mod tests {
 
     #[test]
     fn every_reason_is_listed_once_with_known_condition_types() {
-        let types = ConditionType::ALL;
+        let types = <ConditionType as strum::VariantArray>::VARIANTS;
         let mut seen = std::collections::BTreeSet::new();
         for (r, on) in reason::ALL {
             assert!(seen.insert(r.as_str()), "{} listed twice", r.as_str());

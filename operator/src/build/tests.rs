@@ -343,10 +343,9 @@ fn the_statefulset_size_is_the_one_passed_in_while_pods_drain() {
     assert_eq!(hash(&a), hash_at(&a, 5), "a drain does not roll the pods");
 }
 
-#[test]
-fn the_assignment_configmap_holds_the_json_and_is_owned_like_every_child() {
-    let a = app("");
-    let assignment = oxbow_crds::assignment::next(
+/// Two tasks, both on `fraud-0`.
+fn one_pod_assignment() -> Assignment {
+    oxbow_crds::assignment::next(
         None,
         &[oxbow_crds::assignment::PodFacts {
             pod: "fraud-0".into(),
@@ -359,7 +358,13 @@ fn the_assignment_configmap_holds_the_json_and_is_owned_like_every_child() {
             standby_replicas: 0,
             warmup_max_lag: 0,
         },
-    );
+    )
+}
+
+#[test]
+fn the_assignment_configmap_holds_the_json_and_is_owned_like_every_child() {
+    let a = app("");
+    let assignment = one_pod_assignment();
     let cm = assignment_config_map(&a, &assignment).expect("builds");
     let v = serde_json::to_value(&cm).expect("json");
     assert_eq!(v["metadata"]["name"], "fraud-assignment");
@@ -450,20 +455,7 @@ fn the_children_of_a_full_spec_match_the_committed_snapshot() {
         query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
     };
     let c = build(&a, &cx, 4, Some("12345")).expect("builds");
-    let assignment = oxbow_crds::assignment::next(
-        None,
-        &[oxbow_crds::assignment::PodFacts {
-            pod: "fraud-0".into(),
-            eligible: true,
-            ..Default::default()
-        }],
-        oxbow_crds::assignment::Params {
-            tasks: 2,
-            stages: 1,
-            standby_replicas: 0,
-            warmup_max_lag: 0,
-        },
-    );
+    let assignment = one_pod_assignment();
     let got = json!({
         "serviceAccount": c.service_account,
         "role": c.role,
