@@ -78,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         repartition_purge_interval: oxbow_worker::engine::DEFAULT_PURGE_INTERVAL,
         liveness_timeout: oxbow_worker::liveness::DEFAULT_TIMEOUT,
         metrics_listen: None,
+        threads: 1,
     };
     oxbow_worker::run_with(app, vec![risk], opts, Some(listen.parse()?))
 }

@@ -90,6 +90,10 @@ struct RunArgs {
     /// or a restore it runs, has made no turn for this long.
     #[arg(long, env = "OXBOW_LIVENESS_TIMEOUT", default_value = "60s", value_parser = duration)]
     liveness_timeout: std::time::Duration,
+    /// Processing threads: how many active tasks run side by side. Default: the CPUs
+    /// this process may use (a container's CPU limit counts), at least 1.
+    #[arg(long, env = "OXBOW_THREADS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<u16>,
 }
 
 /// The address other pods and clients reach this worker at: `--listen` itself, or, when
@@ -178,8 +182,11 @@ fn run(a: RunArgs, extra: Vec<crate::ProcessorFactory>) -> anyhow::Result<()> {
         repartition_purge_interval: a.repartition_purge_interval,
         liveness_timeout: a.liveness_timeout,
         metrics_listen: a.metrics_listen,
+        threads: a.threads.map(usize::from).unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
     };
-    tracing::info!(app = %app.application_id, instance, instances = a.instances, "starting");
+    tracing::info!(app = %app.application_id, instance, instances = a.instances, threads = opts.threads, "starting");
     crate::run_with(app, extra, opts, Some(a.listen))
 }
 

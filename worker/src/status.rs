@@ -68,6 +68,10 @@ pub struct TaskStatus {
     pub state_lag: Option<i64>,
     /// Next source offset per topic.
     pub positions: BTreeMap<String, i64>,
+    /// The processing thread that runs this active task (`--threads` above 1; a task
+    /// that merges two streams runs on the loop's thread and has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread: Option<u32>,
     pub processed: u64,
     pub dead_letters: u64,
     pub skipped: u64,
@@ -91,6 +95,7 @@ impl TaskStatus {
             lag: None,
             state_lag: None,
             positions: BTreeMap::new(),
+            thread: None,
             processed: 0,
             dead_letters: 0,
             skipped: 0,

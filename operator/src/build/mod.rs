@@ -178,6 +178,22 @@ pub fn rocksdb_memory_mib(
     Some((mib as u64).clamp(ROCKSDB_MIN_MIB, ROCKSDB_MAX_MIB))
 }
 
+/// The worker's processing threads: the container's CPU limit rounded up (`500m` → 1,
+/// `1500m` → 2), at most [`MAX_THREADS`]. `None` without a CPU limit: the worker then
+/// takes the CPUs it may use, as the node and the container's cgroup say.
+pub fn processing_threads(
+    resources: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+) -> Option<u64> {
+    let limit = resources?.limits.as_ref()?.get("cpu")?;
+    let cpus = parse_quantity(&limit.0)?;
+    // `as` saturates a float (and maps NaN to 0); the clamp keeps at least one thread.
+    Some((cpus.ceil() as u64).clamp(1, MAX_THREADS))
+}
+
+/// More processing threads than this buy nothing: a pod's tasks are the most it can
+/// run side by side, and the worker's own flag stops at 256.
+pub const MAX_THREADS: u64 = 64;
+
 /// A Kubernetes quantity (`512Mi`, `1.5Gi`, `2G`, `1536M`, `1e9`, `128974848`) as a
 /// number of base units, or `None` if it is not one. Floating point is exact to the byte
 /// below 8 PiB, which is plenty for a memory limit.

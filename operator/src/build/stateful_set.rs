@@ -22,7 +22,7 @@ use oxbow_crds::{Retention, StreamApp};
 use super::{
     ASSIGNMENT_ENV, BuildContext, CONFIG_FILE, CONFIG_HASH_ANNOTATION, CONFIG_MOUNT, HTTP_PORT,
     KAFKA_SECRET_MOUNT, KAFKA_SECRET_VERSION_ANNOTATION, METRICS_PORT, STATE_MOUNT, STATE_VOLUME,
-    labels, match_labels, rocksdb_memory_mib, selector_labels,
+    labels, match_labels, processing_threads, rocksdb_memory_mib, selector_labels,
 };
 
 /// The worker runs as this user and group (distroless' nonroot).
@@ -218,6 +218,9 @@ fn args(app: &StreamApp) -> Vec<String> {
     }
     if let Some(mib) = rocksdb_memory_mib(app.spec.resources.as_ref()) {
         args.extend(["--memory-mib".into(), mib.to_string()]);
+    }
+    if let Some(n) = processing_threads(app.spec.resources.as_ref()) {
+        args.extend(["--threads".into(), n.to_string()]);
     }
     args
 }

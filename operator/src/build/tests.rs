@@ -270,10 +270,43 @@ fn args(a: &StreamApp) -> Vec<String> {
         .collect()
 }
 
-fn memory_flag(a: &StreamApp) -> Option<String> {
+fn flag(a: &StreamApp, name: &str) -> Option<String> {
     let args = args(a);
-    let i = args.iter().position(|a| a == "--memory-mib")?;
+    let i = args.iter().position(|a| a == name)?;
     args.get(i + 1).cloned()
+}
+
+fn memory_flag(a: &StreamApp) -> Option<String> {
+    flag(a, "--memory-mib")
+}
+
+#[test]
+fn a_cpu_limit_sets_the_processing_threads_rounded_up() {
+    for (cpu, threads) in [
+        ("\"2\"", "2"),
+        ("500m", "1"),
+        ("1500m", "2"),
+        ("\"4\"", "4"),
+    ] {
+        let a = app(&format!("  resources: {{limits: {{cpu: {cpu}}}}}\n"));
+        assert_eq!(flag(&a, "--threads").as_deref(), Some(threads), "cpu {cpu}");
+    }
+    let a = app("  resources: {limits: {cpu: \"1000\"}}\n");
+    assert_eq!(flag(&a, "--threads"), Some(MAX_THREADS.to_string()));
+}
+
+#[test]
+fn without_a_cpu_limit_the_worker_counts_its_cpus_itself() {
+    assert_eq!(flag(&app(""), "--threads"), None);
+    // A request is a share, not a ceiling: the pod may use more cores than it asks for.
+    let a = app("  resources: {requests: {cpu: \"2\"}}\n");
+    assert_eq!(flag(&a, "--threads"), None);
+    let a = app("  resources: {limits: {cpu: 0m}}\n");
+    assert_eq!(
+        flag(&a, "--threads").as_deref(),
+        Some("1"),
+        "never zero threads"
+    );
 }
 
 #[test]

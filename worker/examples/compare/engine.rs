@@ -261,6 +261,8 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                     &addr,
                     "--memory-mib",
                     &setup.memory_mib.to_string(),
+                    "--threads",
+                    &setup.threads.to_string(),
                 ])
                 .env(
                     "RUST_LOG",

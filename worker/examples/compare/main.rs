@@ -1154,7 +1154,7 @@ fn main() {
         "Run {prefix} on {}, {}; load average {load_before} before, {load_after} after; {:.0} min.\n\n\
          Versions: Oxbow {} ({}), librdkafka {}, Kafka Streams {ks_version} on {}, Kafka broker {ks_version} (local, one broker).\n\n\
          Parameters: workloads {}, engines {}; {} records over {} keys, {} partitions, {} runs (medians), seed {}; W2 {} records; W3 {} keys, tail {}; \
-         latency {} records/s for {} s; commit interval {} ms; worker --memory-mib {}; Kafka Streams {} stream threads, \
+         latency {} records/s for {} s; commit interval {} ms; worker --memory-mib {}; processing threads {} (Oxbow --threads, Kafka Streams num.stream.threads), \
          statestore.cache.max.bytes {}, JVM {}, {}.\n",
         machine(),
         command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),

@@ -347,14 +347,7 @@ impl Engine {
     }
 
     pub(super) fn source_tpl(&self, id: TaskId) -> TopicPartitionList {
-        let mut tpl = TopicPartitionList::new();
-        for topic in self.app.inputs(id.stage) {
-            tpl.add_partition(topic, id.kafka_partition());
-        }
-        for (_, topic) in self.app.stage_tables(id.stage) {
-            tpl.add_partition(topic, id.kafka_partition());
-        }
-        tpl
+        source_tpl(&self.app, id)
     }
 
     /// Initialises a restored task's processors and adds its source partitions, at the
@@ -406,7 +399,7 @@ impl Engine {
         }
         // A pause (errors.policy: fail) outlives an unassign in librdkafka: a task that
         // failed here before, moved away and came back must not stay paused.
-        let _ = self.consumer.resume(&self.source_tpl(id));
+        let _ = self.consumer_for(id).resume(&self.source_tpl(id));
         if app
             .topology
             .stage(id.stage)
@@ -434,9 +427,10 @@ impl Engine {
     /// Stops an active task whose work is committed; returns its store.
     pub(super) fn close_active(&mut self, id: TaskId) -> Result<Arc<TaskDb>, EngineError> {
         let tpl = self.source_tpl(id);
-        self.consumer
+        self.consumer_for(id)
             .incremental_unassign(&tpl)
             .map_err(EngineError::AssignPartitions)?;
+        self.home.remove(&id);
         if let Producers::Transactional(m) = &mut self.producers {
             m.remove(&id);
         }
@@ -455,6 +449,18 @@ impl Engine {
         crate::metrics::forget_task(id, task.db.stores());
         Ok(task.db)
     }
+}
+
+/// Every partition task `id` reads: its inputs' and its co-partitioned tables'.
+pub(super) fn source_tpl(app: &App, id: TaskId) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for topic in app.inputs(id.stage) {
+        tpl.add_partition(topic, id.kafka_partition());
+    }
+    for (_, topic) in app.stage_tables(id.stage) {
+        tpl.add_partition(topic, id.kafka_partition());
+    }
+    tpl
 }
 
 /// Where each task of a batch resumes: what Kafka says is committed (the truth for

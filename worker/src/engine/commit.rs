@@ -6,6 +6,7 @@
 //! It must not decide what is in a unit of work (that is [`crate::task`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxbow_crds::names::changelog_topic;
@@ -19,7 +20,8 @@ use super::kafka::{KProducer, Producers, flush, send};
 use super::replay::{MAX_METADATA, Marks};
 use super::{Engine, EngineError, KAFKA_TIMEOUT};
 use crate::metrics::{METRICS, task as task_label};
-use crate::task::{Commit, SOURCE_HEADER};
+use crate::store::TaskDb;
+use crate::task::{Commit, SOURCE_HEADER, Task};
 
 /// Each task's unit of work being committed, with the stores it wrote.
 type Commits = BTreeMap<TaskId, (Commit, Vec<StoreName>)>;
@@ -70,42 +72,40 @@ impl Engine {
     }
 
     /// Takes each task's unit of work and sends its changelog records (the last value
-    /// of each dirty key, with the source positions that produced it).
+    /// of each dirty key, with the source positions that produced it); with more than
+    /// one processing thread, the tasks side by side.
     fn send_changelogs(&mut self, ids: &[TaskId]) -> Result<Commits, EngineError> {
-        let app = self.app.clone();
-        let app_id = app.application_id.clone();
-        let mut commits = BTreeMap::new();
+        // Every task's transaction is open before the tasks go their own ways.
         for id in ids {
-            let Some(task) = self.tasks.get_mut(id) else {
-                continue;
-            };
-            let c = task.take_commit();
-            let mut stores = Vec::new();
-            let p = self.producer_for(*id)?;
-            for ((store, key), value) in &c.writes {
-                // A table's rows come from its own topic, which is its changelog.
-                if app.is_table_store(store) {
-                    continue;
-                }
-                let topic = changelog_topic(&app_id, store);
-                let h = OwnedHeaders::new().insert(Header {
-                    key: SOURCE_HEADER,
-                    value: Some(c.source_header.as_bytes()),
-                });
-                send(
-                    p,
-                    &topic,
-                    Some(id.kafka_partition()),
-                    Some(key),
-                    value.as_deref(),
-                    Some(h),
-                    None,
-                )?;
-                if !stores.contains(store) {
-                    stores.push(store.clone());
-                }
+            if self.tasks.contains_key(id) {
+                self.producer_for(*id)?;
             }
-            commits.insert(*id, (c, stores));
+        }
+        let app = &*self.app;
+        let producers = &self.producers;
+        let work: Vec<(TaskId, (&mut Task, &KProducer))> = self
+            .tasks
+            .iter_mut()
+            .filter(|(id, _)| ids.contains(id))
+            .filter_map(|(id, task)| {
+                let p = match producers {
+                    Producers::Shared(p) => p,
+                    Producers::Transactional(m) => &m.get(id)?.0,
+                };
+                Some((*id, (task, p)))
+            })
+            .collect();
+        let send_one = |id, (task, p): (&mut Task, &KProducer)| send_changelog(app, id, task, p);
+        let results = if self.threads > 1 {
+            side_by_side(work, "sending the changelog", send_one)
+        } else {
+            work.into_iter()
+                .map(|(id, w)| (id, send_one(id, w)))
+                .collect()
+        };
+        let mut commits = BTreeMap::new();
+        for (id, r) in results {
+            commits.insert(id, r?);
         }
         Ok(commits)
     }
@@ -127,11 +127,12 @@ impl Engine {
         let ended = end_transactions(m, commits, &gm);
         self.check_delivery()?;
         let mut first_error = None;
+        let mut committed = Vec::new();
         for (id, r) in ended {
             match r {
                 Ok(()) => {
                     if let Some((c, stores)) = commits.get(&id) {
-                        self.apply_commit(id, c, stores)?;
+                        committed.push((id, c, stores.as_slice()));
                     }
                 }
                 Err(e) => {
@@ -139,6 +140,7 @@ impl Engine {
                 }
             }
         }
+        self.apply_commits(committed)?;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -170,10 +172,12 @@ impl Engine {
                 .commit(&tpl, CommitMode::Sync)
                 .map_err(EngineError::CommitOffsets)?;
         }
-        for (id, (c, stores)) in commits {
-            self.apply_commit(*id, c, stores)?;
-        }
-        Ok(())
+        self.apply_commits(
+            commits
+                .iter()
+                .map(|(id, (c, stores))| (*id, c, stores.as_slice()))
+                .collect(),
+        )
     }
 
     pub(super) fn check_delivery(&self) -> Result<(), EngineError> {
@@ -194,44 +198,95 @@ impl Engine {
         encoded
     }
 
-    /// Kafka has the unit of work: now RocksDB gets it, with the offsets it matches.
-    pub(super) fn apply_commit(
+    /// Kafka has the units of work: now RocksDB gets them, each task's with the offsets
+    /// it matches; with more than one processing thread, the tasks side by side.
+    pub(super) fn apply_commits<'a>(
         &mut self,
-        id: TaskId,
-        c: &Commit,
-        stores: &[StoreName],
+        units: Vec<(TaskId, &'a Commit, &[StoreName])>,
     ) -> Result<(), EngineError> {
-        let app_id = &self.app.application_id;
         let offsets = self
             .tracker
             .offsets
             .lock()
             .map(|o| o.clone())
             .unwrap_or_default();
-        let mut checkpoints = BTreeMap::new();
-        for s in stores {
-            if let Some(o) = offsets.get(&(changelog_topic(app_id, s), id.kafka_partition())) {
-                checkpoints.insert(s.clone(), o + 1);
-            }
-        }
-        // A table's store is as far as the task has read its topic.
-        for (s, topic) in self.app.stage_tables(id.stage) {
-            if let Some(next) = c.positions.get(topic) {
-                checkpoints.insert(s.clone(), *next);
-            }
-        }
-        let Some(task) = self.tasks.get(&id) else {
-            return Ok(());
+        let app = &*self.app;
+        let work: Vec<_> = units
+            .iter()
+            .filter_map(|(id, c, stores)| {
+                let task = self.tasks.get(id)?;
+                let mut checkpoints = BTreeMap::new();
+                for s in *stores {
+                    let topic = changelog_topic(&app.application_id, s);
+                    if let Some(o) = offsets.get(&(topic, id.kafka_partition())) {
+                        checkpoints.insert(s.clone(), o + 1);
+                    }
+                }
+                // A table's store is as far as the task has read its topic.
+                for (s, topic) in app.stage_tables(id.stage) {
+                    if let Some(next) = c.positions.get(topic) {
+                        checkpoints.insert(s.clone(), *next);
+                    }
+                }
+                Some((*id, (&task.db, *c, checkpoints)))
+            })
+            .collect();
+        let write = |_, (db, c, checkpoints): (&Arc<TaskDb>, &'a Commit, _)| {
+            db.commit(&c.writes, &checkpoints, &c.positions)?;
+            Ok(c)
         };
-        task.db.commit(&c.writes, &checkpoints, &c.positions)?;
-        self.committed.insert(id, c.positions.clone());
-        METRICS.commits.get_or_create(&task_label(id)).inc();
-        self.shared.task(id, |t| {
-            t.commits += 1;
-            t.positions = c.positions.clone();
-        });
+        let results = if self.threads > 1 {
+            side_by_side(work, "writing the state", write)
+        } else {
+            work.into_iter().map(|(id, w)| (id, write(id, w))).collect()
+        };
+        for (id, r) in results {
+            let c = r?;
+            self.committed.insert(id, c.positions.clone());
+            METRICS.commits.get_or_create(&task_label(id)).inc();
+            self.shared.task(id, |t| {
+                t.commits += 1;
+                t.positions = c.positions.clone();
+            });
+        }
         Ok(())
     }
+}
+
+/// Takes a task's unit of work and sends its changelog records; returns it with the
+/// stores it wrote.
+fn send_changelog(
+    app: &crate::config::App,
+    id: TaskId,
+    task: &mut Task,
+    p: &KProducer,
+) -> Result<(Commit, Vec<StoreName>), EngineError> {
+    let c = task.take_commit();
+    let mut stores = Vec::new();
+    for ((store, key), value) in &c.writes {
+        // A table's rows come from its own topic, which is its changelog.
+        if app.is_table_store(store) {
+            continue;
+        }
+        let topic = changelog_topic(&app.application_id, store);
+        let h = OwnedHeaders::new().insert(Header {
+            key: SOURCE_HEADER,
+            value: Some(c.source_header.as_bytes()),
+        });
+        send(
+            p,
+            &topic,
+            Some(id.kafka_partition()),
+            Some(key),
+            value.as_deref(),
+            Some(h),
+            None,
+        )?;
+        if !stores.contains(store) {
+            stores.push(store.clone());
+        }
+    }
+    Ok((c, stores))
 }
 
 /// An end of transaction slower than this is logged with its round trips' times.

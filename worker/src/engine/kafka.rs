@@ -153,6 +153,20 @@ pub(super) fn main_consumer(app: &App) -> Result<(MainConsumer, Arc<FetchWatch>)
     Ok((consumer, watch))
 }
 
+/// A processing thread's consumer: the main consumer's settings, without statistics
+/// (a task that needs them, one merging two streams, stays on the main consumer).
+pub(super) fn task_consumer(
+    app: &App,
+    watch: &Arc<FetchWatch>,
+) -> Result<MainConsumer, EngineError> {
+    consumer_config(app, false)
+        .create_with_context(ConsumerCtx(watch.clone()))
+        .map_err(|source| EngineError::CreateClient {
+            what: "processing thread's consumer",
+            source,
+        })
+}
+
 pub(super) enum Producers {
     /// One transactional producer per task: its id fences a zombie of that task.
     Transactional(BTreeMap<TaskId, (KProducer, bool)>),
@@ -318,10 +332,8 @@ pub(super) fn send(
 }
 
 /// The value of header `name` of `m`, if it has one.
-pub(super) fn header<'a>(
-    m: &'a rdkafka::message::BorrowedMessage<'_>,
-    name: &str,
-) -> Option<&'a [u8]> {
+pub(super) fn header<'a, M: rdkafka::message::Message>(m: &'a M, name: &str) -> Option<&'a [u8]> {
+    use rdkafka::message::Headers;
     m.headers()?.iter().find(|h| h.key == name)?.value
 }
 

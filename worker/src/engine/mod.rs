@@ -32,6 +32,7 @@ pub mod lookups;
 pub mod merge;
 mod outputs;
 mod oversize;
+mod parallel;
 pub mod quarantine;
 pub mod replay;
 pub mod restore;
@@ -171,6 +172,8 @@ pub struct RunOptions {
     /// Where `/metrics` is served on its own (pods: a port the NetworkPolicy opens to
     /// Prometheus, apart from the query port). `None`: next to the queries.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Processing threads: how many active tasks run side by side (at least 1).
+    pub threads: usize,
 }
 
 pub struct Engine {
@@ -230,6 +233,12 @@ pub struct Engine {
     desired: Desired,
     /// Active tasks waiting for their previous owner to let go, since when.
     waiting: BTreeMap<TaskId, Instant>,
+    /// Processing threads (`--threads`); with more than one, each thread's consumer
+    /// once it has a task ([`parallel`]), and the thread that runs each active task
+    /// placed on one.
+    threads: usize,
+    pollers: Vec<MainConsumer>,
+    home: BTreeMap<TaskId, usize>,
 }
 
 impl Engine {
@@ -365,6 +374,9 @@ impl Engine {
             desired_seen: 0,
             desired: Desired::default(),
             waiting: BTreeMap::new(),
+            threads: opts.threads.max(1),
+            pollers: Vec::new(),
+            home: BTreeMap::new(),
         };
         // Standalone: restore and start every task before processing. Coordinated: the
         // worker stays Starting (not ready) until it has applied an assignment.

@@ -106,10 +106,30 @@ struct Sent {
     failed: Option<String>,
 }
 
+/// What a task's outputs are sent with besides its producer: the topics, their size
+/// limits and the error policy, and where the counts go. Shared by the loop's thread
+/// and the processing threads.
+pub(super) struct Sender<'a> {
+    pub(super) sink: Option<&'a str>,
+    pub(super) dlq: Option<&'a str>,
+    pub(super) limits: &'a Limits,
+    pub(super) policy: oxbow_crds::ErrorPolicy,
+    pub(super) shared: &'a crate::status::Shared,
+}
+
 impl Engine {
-    /// Sends a task's outputs. `from` is the input record they came from (topic,
-    /// partition, offset) under at-least-once: its repartitioned outputs carry it as
-    /// their origin, so the next stage can drop them when a replay writes them again.
+    pub(super) fn sender(&self) -> Sender<'_> {
+        Sender {
+            sink: self.sink_topic.as_deref(),
+            dlq: self.dlq_topic.as_deref(),
+            limits: &self.limits,
+            policy: self.app.manifest.spec.errors.policy,
+            shared: &self.shared,
+        }
+    }
+
+    /// Sends a task's outputs with its producer (see [`send_outputs`]); an output that
+    /// fails the task (`errors.policy: fail`, too large) fails it here.
     pub(super) fn send_outputs(
         &mut self,
         id: TaskId,
@@ -119,123 +139,133 @@ impl Engine {
         if out.is_empty() {
             return Ok(());
         }
-        let (sink, dlq) = (self.sink_topic.clone(), self.dlq_topic.clone());
-        let limits = self.limits.clone();
-        let policy = self.app.manifest.spec.errors.policy;
-        let p = self.producer_for(id)?;
-        let mut done = Sent::default();
-        let mut index = 0u32;
-        // The origin header's text: records borrow their headers.
-        let mut origin: String;
-        for o in out {
-            let record = match o {
-                Output::Sink {
-                    key,
-                    value,
-                    timestamp,
-                } => match &sink {
-                    Some(topic) => Record {
-                        topic,
-                        partition: None,
-                        key: key.as_deref(),
-                        value: Some(value),
-                        headers: vec![],
-                        timestamp: Some(*timestamp),
-                    },
-                    None => continue,
-                },
-                Output::Repartition {
-                    topic,
-                    partition,
-                    key,
-                    value,
-                    record_key,
-                    timestamp,
-                } => {
-                    let mut headers = vec![(KEY_HEADER, record_key.as_slice())];
-                    if let Some((t, partition, offset)) = from {
-                        origin = Origin::header(t, partition, offset, index);
-                        index += 1;
-                        headers.push((ORIGIN_HEADER, origin.as_bytes()));
-                    }
-                    Record {
-                        topic,
-                        partition: Some(*partition),
-                        key: Some(key),
-                        value: Some(value),
-                        headers,
-                        timestamp: Some(*timestamp),
-                    }
-                }
-                Output::To(r) => Record {
-                    topic: &r.topic,
-                    partition: None,
-                    key: r.key.as_deref(),
-                    value: Some(&r.value),
-                    headers: vec![],
-                    timestamp: Some(r.timestamp),
-                },
-                Output::DeadLetter {
-                    key,
-                    value,
-                    headers,
-                } => {
-                    if let Some(topic) = &dlq {
-                        send_dead_letter(
-                            p,
-                            &limits,
-                            topic,
-                            key.as_deref(),
-                            value.as_deref(),
-                            headers,
-                        )?;
-                    }
-                    continue;
-                }
-            };
-            let Some(size) = send_within(p, &limits, &record)? else {
-                done.sent += 1;
-                continue;
-            };
-            match oversize::too_large(policy, record.topic, size, limits.of(record.topic)) {
-                TooLarge::DeadLetter(mut headers) => {
-                    if let Some((t, partition, offset)) = from {
-                        headers.push(("oxbow.topic", t.into()));
-                        headers.push(("oxbow.partition", partition.to_string()));
-                        headers.push(("oxbow.offset", offset.to_string()));
-                    }
-                    if let Some(topic) = &dlq {
-                        send_dead_letter(p, &limits, topic, record.key, record.value, &headers)?;
-                    }
-                    tracing::warn!(task = %id, topic = record.topic, size, "an output too large to produce was dead-lettered");
-                    done.diverted += 1;
-                }
-                TooLarge::Skip(why) => {
-                    tracing::warn!(task = %id, error = %why, "skipping an output too large to produce");
-                    done.skipped += 1;
-                }
-                TooLarge::Fail(why) => {
-                    done.failed = Some(why);
-                    break;
-                }
-            }
-        }
-        let label = task_label(id);
-        METRICS.records_out.get_or_create(&label).inc_by(done.sent);
-        if done.diverted > 0 {
-            METRICS
-                .dead_letters
-                .get_or_create(&label)
-                .inc_by(done.diverted);
-            self.shared.task(id, |t| t.dead_letters += done.diverted);
-        }
-        if done.skipped > 0 {
-            METRICS.skipped.get_or_create(&label).inc_by(done.skipped);
-            self.shared.task(id, |t| t.skipped += done.skipped);
-        }
-        if let Some(why) = done.failed {
+        self.producer_for(id)?;
+        let p = match &self.producers {
+            super::kafka::Producers::Shared(p) => p,
+            super::kafka::Producers::Transactional(m) => &m[&id].0,
+        };
+        if let Some(why) = send_outputs(&self.sender(), p, id, out, from)? {
             self.record_outcome(id, "", &Outcome::Failed(why))?;
         }
         Ok(())
     }
+}
+
+/// Sends a task's outputs. `from` is the input record they came from (topic,
+/// partition, offset) under at-least-once: its repartitioned outputs carry it as
+/// their origin, so the next stage can drop them when a replay writes them again.
+/// `Some(why)`: an output failed the task (`errors.policy: fail`); the outputs after it
+/// were not sent.
+pub(super) fn send_outputs(
+    s: &Sender<'_>,
+    p: &KProducer,
+    id: TaskId,
+    out: &[Output],
+    from: Option<(&str, i32, i64)>,
+) -> Result<Option<String>, EngineError> {
+    let (sink, dlq, limits, policy) = (s.sink, s.dlq, s.limits, s.policy);
+    let mut done = Sent::default();
+    let mut index = 0u32;
+    // The origin header's text: records borrow their headers.
+    let mut origin: String;
+    for o in out {
+        let record = match o {
+            Output::Sink {
+                key,
+                value,
+                timestamp,
+            } => match sink {
+                Some(topic) => Record {
+                    topic,
+                    partition: None,
+                    key: key.as_deref(),
+                    value: Some(value),
+                    headers: vec![],
+                    timestamp: Some(*timestamp),
+                },
+                None => continue,
+            },
+            Output::Repartition {
+                topic,
+                partition,
+                key,
+                value,
+                record_key,
+                timestamp,
+            } => {
+                let mut headers = vec![(KEY_HEADER, record_key.as_slice())];
+                if let Some((t, partition, offset)) = from {
+                    origin = Origin::header(t, partition, offset, index);
+                    index += 1;
+                    headers.push((ORIGIN_HEADER, origin.as_bytes()));
+                }
+                Record {
+                    topic,
+                    partition: Some(*partition),
+                    key: Some(key),
+                    value: Some(value),
+                    headers,
+                    timestamp: Some(*timestamp),
+                }
+            }
+            Output::To(r) => Record {
+                topic: &r.topic,
+                partition: None,
+                key: r.key.as_deref(),
+                value: Some(&r.value),
+                headers: vec![],
+                timestamp: Some(r.timestamp),
+            },
+            Output::DeadLetter {
+                key,
+                value,
+                headers,
+            } => {
+                if let Some(topic) = dlq {
+                    send_dead_letter(p, limits, topic, key.as_deref(), value.as_deref(), headers)?;
+                }
+                continue;
+            }
+        };
+        let Some(size) = send_within(p, limits, &record)? else {
+            done.sent += 1;
+            continue;
+        };
+        match oversize::too_large(policy, record.topic, size, limits.of(record.topic)) {
+            TooLarge::DeadLetter(mut headers) => {
+                if let Some((t, partition, offset)) = from {
+                    headers.push(("oxbow.topic", t.into()));
+                    headers.push(("oxbow.partition", partition.to_string()));
+                    headers.push(("oxbow.offset", offset.to_string()));
+                }
+                if let Some(topic) = dlq {
+                    send_dead_letter(p, limits, topic, record.key, record.value, &headers)?;
+                }
+                tracing::warn!(task = %id, topic = record.topic, size, "an output too large to produce was dead-lettered");
+                done.diverted += 1;
+            }
+            TooLarge::Skip(why) => {
+                tracing::warn!(task = %id, error = %why, "skipping an output too large to produce");
+                done.skipped += 1;
+            }
+            TooLarge::Fail(why) => {
+                done.failed = Some(why);
+                break;
+            }
+        }
+    }
+    let label = task_label(id);
+    METRICS.records_out.get_or_create(&label).inc_by(done.sent);
+    if done.diverted > 0 {
+        METRICS
+            .dead_letters
+            .get_or_create(&label)
+            .inc_by(done.diverted);
+        s.shared.task(id, |t| t.dead_letters += done.diverted);
+    }
+    if done.skipped > 0 {
+        METRICS.skipped.get_or_create(&label).inc_by(done.skipped);
+        s.shared.task(id, |t| t.skipped += done.skipped);
+    }
+    Ok(done.failed)
 }

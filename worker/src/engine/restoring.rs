@@ -181,7 +181,8 @@ impl Engine {
     ) -> Result<StartOutcome, EngineError> {
         let mut outcome = StartOutcome::default();
         let mut first_error = None;
-        let mut assign = TopicPartitionList::new();
+        // One assignment per consumer: the main one's first, then each thread's.
+        let mut assign: Vec<TopicPartitionList> = vec![TopicPartitionList::new()];
         for ((id, db, mut done, missing), result) in starting.into_iter().zip(results) {
             match result {
                 Ok(progress) => {
@@ -193,7 +194,11 @@ impl Engine {
                         resume_past_state(id, &mut done, &missing, &progress);
                     }
                     self.committed.insert(id, done.clone());
-                    self.finish_start(id, db, done, &mut assign)?;
+                    let slot = self.place(id)?.map_or(0, |k| k + 1);
+                    if assign.len() <= slot {
+                        assign.resize_with(slot + 1, TopicPartitionList::new);
+                    }
+                    self.finish_start(id, db, done, &mut assign[slot])?;
                     outcome.started.push(id);
                 }
                 Err(EngineError::Superseded(_)) => {
@@ -213,9 +218,16 @@ impl Engine {
         }
         // One assignment for the batch: partitions added one by one wait behind the
         // long-poll fetch of those added before (up to fetch.wait.max.ms each).
-        if assign.count() > 0 {
-            self.consumer
-                .incremental_assign(&assign)
+        for (slot, tpl) in assign.iter().enumerate() {
+            if tpl.count() == 0 {
+                continue;
+            }
+            let consumer = match slot {
+                0 => &self.consumer,
+                k => &self.pollers[k - 1],
+            };
+            consumer
+                .incremental_assign(tpl)
                 .map_err(EngineError::AssignPartitions)?;
         }
         match first_error {

@@ -71,6 +71,7 @@ impl Engine {
     pub fn run(mut self) -> Result<(), EngineError> {
         let mut timers = Timers::new();
         let mut out = Vec::new();
+        let mut busy = false;
         while !self.shared.stopping() {
             // The one place the engine says it is alive: a loop that stops turning,
             // whatever it blocks on, fails /healthz and stops the status heartbeat.
@@ -87,106 +88,123 @@ impl Engine {
                     r => r?,
                 }
             }
-            match self.consumer.poll(Duration::from_millis(5)) {
-                // No `continue` below: the periodic work after the match (commits,
+            // One record of the main consumer a turn with one processing thread; with
+            // more, up to a turn's worth, then the threads' turn (`parallel`). A busy
+            // turn is followed by one that does not wait on the main consumer.
+            let mut timeout = if busy {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(5)
+            };
+            let mut polled = 0;
+            loop {
+                // No `continue` below: the periodic work after this loop (commits,
                 // standby flushes, reports) must run however busy the consumer is.
-                Some(Ok(m)) => 'msg: {
-                    if let Some(g) = self.lookups.by_topic(m.topic()) {
-                        g.apply(m.partition(), m.offset(), m.key(), m.payload())
-                            .map_err(|source| EngineError::GlobalTable {
-                                table: g.store.0.clone(),
-                                source,
-                            })?;
-                        break 'msg;
-                    }
-                    if let Some(store) = self.changelogs.get(m.topic()).cloned()
+                match self.consumer.poll(timeout) {
+                    Some(Ok(m)) => 'msg: {
+                        if let Some(g) = self.lookups.by_topic(m.topic()) {
+                            g.apply(m.partition(), m.offset(), m.key(), m.payload())
+                                .map_err(|source| EngineError::GlobalTable {
+                                    table: g.store.0.clone(),
+                                    source,
+                                })?;
+                            break 'msg;
+                        }
+                        if let Some(store) = self.changelogs.get(m.topic()).cloned()
                         // A table's topic is its store's changelog for a standby, and
                         // an input of the active that keeps it.
                         && !self.tasks.contains_key(&TaskId::new(
                             self.stage_of_changelog(&store),
                             m.partition() as u32,
-                        ))
-                    {
-                        let id = TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
-                        apply_standby_record(
-                            &mut self.standbys,
-                            self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
-                            self.app.inputs(id.stage),
-                            id,
-                            store,
-                            &m,
-                        );
-                        drop(m);
-                        // A standby catching up a long changelog writes as it goes:
-                        // its buffer stays bounded whatever the commit interval.
-                        if self
-                            .standbys
-                            .get(&id)
-                            .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
-                        {
-                            self.flush_standby(id)?;
+                        )) {
+                            let id =
+                                TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
+                            apply_standby_record(
+                                &mut self.standbys,
+                                self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
+                                self.app.inputs(id.stage),
+                                id,
+                                store,
+                                &m,
+                            );
+                            drop(m);
+                            // A standby catching up a long changelog writes as it goes:
+                            // its buffer stays bounded whatever the commit interval.
+                            if self
+                                .standbys
+                                .get(&id)
+                                .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
+                            {
+                                self.flush_standby(id)?;
+                            }
+                            break 'msg;
                         }
-                        break 'msg;
-                    }
-                    let Some(stage) = self.input_stage.get(m.topic()) else {
-                        break 'msg;
-                    };
-                    let id = TaskId::new(*stage, m.partition() as u32);
-                    let Some(task) = self.tasks.get_mut(&id) else {
-                        break 'msg;
-                    };
-                    if task.failed.is_some() {
-                        break 'msg;
-                    }
-                    METRICS.records_in.get_or_create(&task_label(id)).inc();
-                    let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
-                    let origin = (alos && id.stage > 0)
-                        .then(|| header(&m, ORIGIN_HEADER))
-                        .flatten()
-                        .and_then(|v| std::str::from_utf8(v).ok())
-                        .and_then(Origin::parse);
-                    let msg = SourceMessage {
-                        topic: m.topic(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        key: m.key(),
-                        value: m.payload(),
-                        timestamp: m.timestamp().to_millis(),
-                        record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
-                    };
-                    if let Some(merge) = self.merges.get_mut(&id)
-                        && merge.reads(msg.topic)
-                    {
-                        // Its turn comes in timestamp order with the task's other inputs.
-                        merge.push(buffered(&msg, origin));
+                        let Some(stage) = self.input_stage.get(m.topic()) else {
+                            break 'msg;
+                        };
+                        let id = TaskId::new(*stage, m.partition() as u32);
+                        let Some(task) = self.tasks.get_mut(&id) else {
+                            break 'msg;
+                        };
+                        if task.failed.is_some() {
+                            break 'msg;
+                        }
+                        METRICS.records_in.get_or_create(&task_label(id)).inc();
+                        let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+                        let origin = (alos && id.stage > 0)
+                            .then(|| header(&m, ORIGIN_HEADER))
+                            .flatten()
+                            .and_then(|v| std::str::from_utf8(v).ok())
+                            .and_then(Origin::parse);
+                        let msg = SourceMessage {
+                            topic: m.topic(),
+                            partition: m.partition(),
+                            offset: m.offset(),
+                            key: m.key(),
+                            value: m.payload(),
+                            timestamp: m.timestamp().to_millis(),
+                            record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
+                        };
+                        if let Some(merge) = self.merges.get_mut(&id)
+                            && merge.reads(msg.topic)
+                        {
+                            // Its turn comes in timestamp order with the task's other inputs.
+                            merge.push(buffered(&msg, origin));
+                            drop(m);
+                            self.drain_merged(id, &mut out)?;
+                            break 'msg;
+                        }
+                        out.clear();
+                        let Some(outcome) = process_input(
+                            task,
+                            &self.app,
+                            &self.env,
+                            &self.shared,
+                            &msg,
+                            origin,
+                            &mut out,
+                        )?
+                        else {
+                            break 'msg;
+                        };
+                        let (topic, partition, offset) =
+                            (m.topic().to_string(), m.partition(), m.offset());
                         drop(m);
-                        self.drain_merged(id, &mut out)?;
-                        break 'msg;
+                        self.finish_input(id, (&topic, partition, offset), &outcome, &out)?;
                     }
-                    out.clear();
-                    let Some(outcome) = process_input(
-                        task,
-                        &self.app,
-                        &self.env,
-                        &self.shared,
-                        &msg,
-                        origin,
-                        &mut out,
-                    )?
-                    else {
-                        break 'msg;
-                    };
-                    let (topic, partition, offset) =
-                        (m.topic().to_string(), m.partition(), m.offset());
-                    drop(m);
-                    self.finish_input(id, (&topic, partition, offset), &outcome, &out)?;
+                    Some(Err(e)) => {
+                        // Broker restarts and the like: librdkafka reconnects by itself.
+                        tracing::warn!(error = %e, "consumer error");
+                    }
+                    None => break,
                 }
-                Some(Err(e)) => {
-                    // Broker restarts and the like: librdkafka reconnects by itself.
-                    tracing::warn!(error = %e, "consumer error");
+                polled += 1;
+                if self.pollers.is_empty() || polled >= super::parallel::MAX_POLL {
+                    break;
                 }
-                None => {}
+                timeout = Duration::ZERO;
             }
+            busy = self.run_threads()? > 0;
             self.periodic(&mut timers, &mut out)?;
         }
         self.abandon_restore();
@@ -362,7 +380,7 @@ impl Engine {
     }
 
     /// After a record was processed: its outcome counted, its outputs sent.
-    fn finish_input(
+    pub(super) fn finish_input(
         &mut self,
         id: TaskId,
         (topic, partition, offset): (&str, i32, i64),
@@ -377,29 +395,10 @@ impl Engine {
     pub(super) fn record_outcome(
         &mut self,
         id: TaskId,
-        topic: &str,
+        _topic: &str,
         outcome: &Outcome,
     ) -> Result<(), EngineError> {
-        match outcome {
-            Outcome::Processed => self.shared.task(id, |t| t.processed += 1),
-            Outcome::DeadLettered => {
-                METRICS.dead_letters.get_or_create(&task_label(id)).inc();
-                self.shared.task(id, |t| t.dead_letters += 1);
-            }
-            Outcome::Skipped => {
-                METRICS.skipped.get_or_create(&task_label(id)).inc();
-                self.shared.task(id, |t| t.skipped += 1);
-            }
-            Outcome::Failed(m) => {
-                tracing::error!(task = %id, error = %m, "task failed (errors.policy: fail); its partitions are paused");
-                let _ = self.consumer.pause(&self.source_tpl(id));
-                self.shared.task(id, |t| {
-                    t.state = TaskState::Failed;
-                    t.last_error = Some(oxbow_crds::redact::scrub(m));
-                });
-                let _ = topic;
-            }
-        }
+        record_outcome(&self.shared, self.consumer_for(id), &self.app, id, outcome);
         Ok(())
     }
 
@@ -460,6 +459,36 @@ impl Engine {
     }
 }
 
+/// Counts what became of a record; a failed task (`errors.policy: fail`) has its inputs
+/// paused on `consumer`, the one that reads them.
+pub(super) fn record_outcome(
+    shared: &crate::status::Shared,
+    consumer: &super::kafka::MainConsumer,
+    app: &crate::config::App,
+    id: TaskId,
+    outcome: &Outcome,
+) {
+    match outcome {
+        Outcome::Processed => shared.task(id, |t| t.processed += 1),
+        Outcome::DeadLettered => {
+            METRICS.dead_letters.get_or_create(&task_label(id)).inc();
+            shared.task(id, |t| t.dead_letters += 1);
+        }
+        Outcome::Skipped => {
+            METRICS.skipped.get_or_create(&task_label(id)).inc();
+            shared.task(id, |t| t.skipped += 1);
+        }
+        Outcome::Failed(m) => {
+            tracing::error!(task = %id, error = %m, "task failed (errors.policy: fail); its partitions are paused");
+            let _ = consumer.pause(&super::assign::source_tpl(app, id));
+            shared.task(id, |t| {
+                t.state = TaskState::Failed;
+                t.last_error = Some(oxbow_crds::redact::scrub(m));
+            });
+        }
+    }
+}
+
 /// A record as the merge keeps it until its turn.
 fn buffered(msg: &SourceMessage<'_>, origin: Option<Origin>) -> Buffered {
     Buffered {
@@ -476,7 +505,7 @@ fn buffered(msg: &SourceMessage<'_>, origin: Option<Origin>) -> Buffered {
 
 /// Runs one input record through its task, unless it is a replay the task has already
 /// processed (then `None`).
-fn process_input(
+pub(super) fn process_input(
     task: &mut crate::task::Task,
     app: &crate::config::App,
     env: &crate::expr::Env,

@@ -94,7 +94,9 @@ fn run_with_kills(guarantee: &str) -> (String, Vec<Out>) {
     create_topic(&input, 4);
     create_topic(&format!("{app}-out"), 4);
     let dir = scratch_dir(&app);
-    let builder = WorkerBuilder::new(manifest(&app, guarantee), &dir.join("state"));
+    let mut builder = WorkerBuilder::new(manifest(&app, guarantee), &dir.join("state"));
+    // Two processing threads whatever the machine: kills land mid-turn on both.
+    builder.extra_args = vec!["--threads".into(), "2".into()];
 
     let generator = {
         let input = input.clone();

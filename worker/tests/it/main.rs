@@ -15,6 +15,7 @@ mod exactly_once_under_sigkill;
 mod failing_emissions_do_not_block;
 mod keyed_steps_repartition_across_partitions;
 mod poison_messages_go_to_the_dlq;
+mod processing_threads;
 mod queries_answer_every_key_from_every_worker;
 mod records_too_large_to_produce_become_dead_letters;
 mod restore_tail_and_full;
