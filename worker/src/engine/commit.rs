@@ -39,7 +39,7 @@ impl Engine {
             // At-least-once: outputs must be durable before the changelog that records
             // their effect (a batch's deletion), or a crash in between could keep the
             // effect and lose the output.
-            flush(p, KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
+            flush(p, KAFKA_TIMEOUT).map_err(|source| EngineError::Delivery { to: None, source })?;
             self.check_delivery()?;
         }
         let commits = self.send_changelogs(&ids)?;
@@ -148,7 +148,7 @@ impl Engine {
     /// > 0 task's with its replay marks as metadata), then applies the state.
     fn commit_offsets(&mut self, commits: &Commits) -> Result<(), EngineError> {
         if let Producers::Shared(p) = &self.producers {
-            flush(p, KAFKA_TIMEOUT).map_err(|e| EngineError::Delivery(e.to_string()))?;
+            flush(p, KAFKA_TIMEOUT).map_err(|source| EngineError::Delivery { to: None, source })?;
         }
         self.check_delivery()?;
         let mut tpl = TopicPartitionList::new();
@@ -182,7 +182,10 @@ impl Engine {
 
     pub(super) fn check_delivery(&self) -> Result<(), EngineError> {
         match self.tracker.error.lock().ok().and_then(|e| e.clone()) {
-            Some(e) => Err(EngineError::Delivery(e)),
+            Some((topic, partition, source)) => Err(EngineError::Delivery {
+                to: Some((topic, partition)),
+                source,
+            }),
             None => Ok(()),
         }
     }

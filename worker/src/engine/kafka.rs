@@ -13,7 +13,7 @@ use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
 use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -30,7 +30,7 @@ use crate::task::{SOURCE_HEADER, parse_source_header};
 #[derive(Default)]
 pub(super) struct Tracker {
     pub(super) offsets: Mutex<HashMap<(String, i32), i64>>,
-    pub(super) error: Mutex<Option<String>>,
+    pub(super) error: Mutex<Option<(String, i32, KafkaError)>>,
 }
 
 #[derive(Clone)]
@@ -50,7 +50,7 @@ impl ProducerContext for Ctx {
             }
             Err((e, m)) => {
                 if let Ok(mut err) = self.0.error.lock() {
-                    err.get_or_insert_with(|| format!("{} [{}]: {e}", m.topic(), m.partition()));
+                    err.get_or_insert_with(|| (m.topic().to_string(), m.partition(), e.clone()));
                 }
             }
         }
@@ -159,12 +159,22 @@ pub(super) fn task_consumer(
     app: &App,
     watch: &Arc<FetchWatch>,
 ) -> Result<MainConsumer, EngineError> {
-    consumer_config(app, false)
+    let c: MainConsumer = consumer_config(app, false)
         .create_with_context(ConsumerCtx(watch.clone()))
         .map_err(|source| EngineError::CreateClient {
             what: "processing thread's consumer",
             source,
-        })
+        })?;
+    // As the main consumer is at start: knowing the inputs' leaders, and connected to
+    // them, before its first partitions are assigned (a client that learns them at its
+    // first fetch starts that fetch up to a metadata round and a backoff later).
+    for stage in &app.topology.stages {
+        for topic in app.inputs(stage.index) {
+            c.fetch_metadata(Some(topic), super::KAFKA_TIMEOUT)
+                .map_err(EngineError::Metadata)?;
+        }
+    }
+    Ok(c)
 }
 
 pub(super) enum Producers {

@@ -278,10 +278,7 @@ fn read_to_end(consumer: &BaseConsumer, t: &GlobalTable) -> Result<u64, EngineEr
                         task: TaskId::new(GLOBAL_STAGE, 0),
                         store: t.store.0.clone(),
                         topic: t.topic.clone(),
-                        message: format!(
-                            "no progress for {}s loading the global table",
-                            KAFKA_TIMEOUT.as_secs()
-                        ),
+                        cause: Box::new(super::restore::RestoreFailure::GlobalTableStalled),
                     });
                 }
             }

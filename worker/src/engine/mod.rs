@@ -91,12 +91,13 @@ pub enum EngineError {
         transactional_id: String,
         source: KafkaError,
     },
-    #[error("failed to restore store {store} of task {task} from {topic}: {message}")]
+    #[error("failed to restore store {store} of task {task} from {topic}: {cause}")]
     Restore {
         task: TaskId,
         store: String,
         topic: String,
-        message: String,
+        #[source]
+        cause: Box<restore::RestoreFailure>,
     },
     #[error("failed to produce to {topic}: {source}")]
     Produce { topic: String, source: KafkaError },
@@ -104,8 +105,14 @@ pub enum EngineError {
     Commit { task: TaskId, source: KafkaError },
     #[error("failed to commit offsets: {0}")]
     CommitOffsets(KafkaError),
-    #[error("failed to deliver records: {0}")]
-    Delivery(String),
+    #[error("failed to deliver records{}: {source}", to.as_ref().map(|(t, p)| format!(" to {t} [{p}]")).unwrap_or_default())]
+    Delivery {
+        /// The topic and partition of the first record that failed, when one did (a
+        /// flush that times out names none).
+        to: Option<(String, i32)>,
+        #[source]
+        source: KafkaError,
+    },
     #[error("failed to assign source partitions: {0}")]
     AssignPartitions(KafkaError),
     #[error(transparent)]

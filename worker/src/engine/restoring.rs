@@ -115,7 +115,7 @@ impl Engine {
                 task: fenced[0],
                 store: String::new(),
                 topic: String::new(),
-                message: format!("could not start a restore thread: {e}"),
+                cause: Box::new(super::restore::RestoreFailure::Spawn(e)),
             })?;
         self.restoring = Some(Restoring {
             handle,
@@ -140,7 +140,7 @@ impl Engine {
                 task: r.ids[0],
                 store: String::new(),
                 topic: String::new(),
-                message: "the restore thread panicked".into(),
+                cause: Box::new(super::restore::RestoreFailure::Panicked),
             }),
         };
         let restored = match restored {

@@ -47,6 +47,21 @@ pub(super) struct RestoreJob<'a> {
 /// At most this many restores run at once, each with its own consumer.
 pub(super) const RESTORE_THREADS: usize = 4;
 
+/// Why a restore failed, kept as its cause in [`EngineError::Restore`].
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreFailure {
+    #[error(transparent)]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("no progress for {}s at offset {at} of {end}", super::KAFKA_TIMEOUT.as_secs())]
+    Stalled { at: i64, end: i64 },
+    #[error("no progress for {}s loading the global table", super::KAFKA_TIMEOUT.as_secs())]
+    GlobalTableStalled,
+    #[error("could not start a restore thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the restore thread panicked")]
+    Panicked,
+}
+
 /// Restores the tasks of `jobs`, up to `RESTORE_THREADS` (and `max_threads`) at a
 /// time, and returns each one's result in the order of `jobs`. The first thread uses
 /// `side` (the engine's restore consumer); the others their own consumers (a
@@ -115,7 +130,7 @@ pub(super) fn restore_tasks(
                     task: job.id,
                     store: String::new(),
                     topic: String::new(),
-                    message: "the restore thread panicked".into(),
+                    cause: Box::new(RestoreFailure::Panicked),
                 })
             })
         })
@@ -148,7 +163,7 @@ pub(super) fn plan_stores(
                 task: id,
                 store: store.0.clone(),
                 topic: topic.clone(),
-                message: e.to_string(),
+                cause: Box::new(e.into()),
             }
         })?;
         let plan = plan(RestoreFacts {

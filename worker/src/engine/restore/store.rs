@@ -15,6 +15,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::super::kafka::source_of;
 use super::super::{EngineError, KAFKA_TIMEOUT};
+use super::RestoreFailure;
 use crate::metrics::RestoreGauges;
 use crate::status::{RestoreProgress, Shared};
 use crate::store::TaskDb;
@@ -63,12 +64,12 @@ enum Interrupted {
 }
 
 impl StoreRestore<'_> {
-    fn fail(&self, message: String) -> EngineError {
+    fn fail(&self, cause: impl Into<RestoreFailure>) -> EngineError {
         EngineError::Restore {
             task: self.id,
             store: self.store.0.clone(),
             topic: self.topic.to_string(),
-            message,
+            cause: Box::new(cause.into()),
         }
     }
 
@@ -89,10 +90,8 @@ impl StoreRestore<'_> {
             self.id.kafka_partition(),
             Offset::Offset(self.from),
         )
-        .map_err(|e| self.fail(e.to_string()))?;
-        self.consumer
-            .assign(&tpl)
-            .map_err(|e| self.fail(e.to_string()))?;
+        .map_err(|e| self.fail(e))?;
+        self.consumer.assign(&tpl).map_err(|e| self.fail(e))?;
         let mut buf = Buffer::default();
         let base_remaining = progress.remaining;
         let mut last_offset = self.from - 1;
@@ -105,9 +104,7 @@ impl StoreRestore<'_> {
                     let cp = BTreeMap::from([(self.store.clone(), last_offset + 1)]);
                     self.db.commit(&buf.batch, &cp, &BTreeMap::new())?;
                 }
-                self.consumer
-                    .unassign()
-                    .map_err(|e| self.fail(e.to_string()))?;
+                self.consumer.unassign().map_err(|e| self.fail(e))?;
                 return Err(match why {
                     Interrupted::Stopping => EngineError::Stopped,
                     Interrupted::AssignedElsewhere => EngineError::Superseded(self.id),
@@ -122,9 +119,7 @@ impl StoreRestore<'_> {
         // Checkpoint at the end of what was read: everything before `to` is applied.
         let cp = BTreeMap::from([(self.store.clone(), self.to)]);
         self.db.commit(&buf.batch, &cp, &BTreeMap::new())?;
-        self.consumer
-            .unassign()
-            .map_err(|e| self.fail(e.to_string()))?;
+        self.consumer.unassign().map_err(|e| self.fail(e))?;
         progress.remaining = base_remaining.saturating_sub((self.to - self.from).max(0) as u64);
         Ok(())
     }
@@ -194,12 +189,10 @@ impl StoreRestore<'_> {
                         return Ok(None);
                     }
                     if idle_since.elapsed() > KAFKA_TIMEOUT {
-                        return Err(self.fail(format!(
-                            "no progress for {}s at offset {} of {}",
-                            KAFKA_TIMEOUT.as_secs(),
-                            *last_offset + 1,
-                            self.to
-                        )));
+                        return Err(self.fail(RestoreFailure::Stalled {
+                            at: *last_offset + 1,
+                            end: self.to,
+                        }));
                     }
                 }
             }
