@@ -8,8 +8,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use oxbow_crds::StreamApp;
 
+use super::apply::Problems;
 use crate::claims::{Claims, ClaimsError};
 use crate::ownership::{AppClaim, ClaimDecision, ClaimsView, Owner, app_key, decide_claim};
+use crate::status::{Verdict, reason};
 
 /// Whose the app's application id is.
 #[derive(Debug)]
@@ -27,6 +29,65 @@ pub fn owner(app: &StreamApp) -> Owner {
         namespace: app.namespace().unwrap_or_default(),
         name: app.name_any(),
     }
+}
+
+/// What the ownership step decided.
+pub(super) struct Owned {
+    /// The claims as of after this app's claim; `None` when the id is not (known to be)
+    /// this app's.
+    pub view: Option<ClaimsView>,
+    /// The stores to reset, once the claims say their changelogs are this app's.
+    pub reset_stores: Option<Vec<String>>,
+}
+
+/// Claims the application id on the app's Kafka cluster, unless the spec cannot run or
+/// Kafka is already known unreachable. A conflict makes the spec invalid; unreadable
+/// claims are `problems.claims`. A reset is allowed only for this app's changelogs.
+pub(super) async fn own(
+    app: &StreamApp,
+    cluster: Option<&super::Cluster>,
+    resetting: Option<Vec<String>>,
+    problems: &mut Problems,
+) -> Owned {
+    let ownership = match cluster {
+        Some(c) if problems.invalid.is_none() && problems.kafka.is_none() => {
+            match c.ensure_claims_topic().await {
+                Ok(()) => Some(claim(app, &c.claims).await),
+                Err(e) => {
+                    problems.kafka = Some(e);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let view = match ownership {
+        Some(Ownership::Owned(view)) => Some(view),
+        Some(Ownership::Conflict(owner)) => {
+            problems.invalid = Some(Verdict::stalled(
+                reason::APPLICATION_ID_CONFLICT,
+                conflict_message(app, &owner),
+            ));
+            None
+        }
+        Some(Ownership::Unknown(e)) => {
+            if problems.kafka.is_none() {
+                problems.claims = Some(e);
+            }
+            None
+        }
+        None => None,
+    };
+    // A reset deletes changelogs: only this app's, and only with the claims read.
+    let mut resetting = resetting;
+    if let (Some(stores), Some(v)) = (&resetting, &view)
+        && let Some(why) = super::reset::refusal(app, v, stores)
+    {
+        problems.invalid = Some(Verdict::stalled(reason::INCOMPATIBLE_STATE_CHANGE, why));
+        resetting = None;
+    }
+    let reset_stores = resetting.filter(|_| view.is_some());
+    Owned { view, reset_stores }
 }
 
 /// Reads the claims and, when nobody claims the id, claims it and reads again: the first

@@ -23,8 +23,33 @@ struct Done {
     group: bool,
 }
 
+/// What is not done yet in a deletion's cleanup, with the failure that stopped it; the
+/// caller retries until the cleanup timeout.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    #[error("failed to delete the worker StatefulSet: {0}")]
+    DeleteWorkers(#[source] kube::Error),
+    #[error("failed to list worker pods: {0}")]
+    ListPods(#[source] kube::Error),
+    #[error("waiting for {0} worker pods to stop")]
+    WorkersRunning(usize),
+    /// Reading the Kafka Secret, or a client refused for its configuration.
+    #[error(transparent)]
+    Kafka(Box<Error>),
+    #[error(transparent)]
+    Topics(#[from] crate::topics::TopicError),
+    #[error(transparent)]
+    Claims(#[from] crate::claims::ClaimsError),
+}
+
+impl From<Error> for CleanupError {
+    fn from(e: Error) -> Self {
+        CleanupError::Kafka(Box::new(e))
+    }
+}
+
 /// `Err` says what is not done yet; the caller retries until the cleanup timeout.
-async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, String> {
+async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, CleanupError> {
     let policy = &app.spec.deletion_policy;
     // Workers first: a consumer group with live members cannot be deleted, running
     // producers must not write to topics being deleted, and the id is released only
@@ -37,30 +62,22 @@ async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, String> {
     {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(format!("failed to delete the worker StatefulSet: {e}")),
+        Err(e) => return Err(CleanupError::DeleteWorkers(e)),
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let running = pods
         .list(&ListParams::default().labels(&build::selector_string(app)))
         .await
-        .map_err(|e| format!("failed to list worker pods: {e}"))?
+        .map_err(CleanupError::ListPods)?
         .items
         .len();
     if running > 0 {
-        return Err(format!("waiting for {running} worker pods to stop"));
+        return Err(CleanupError::WorkersRunning(running));
     }
-    let secret = kafka_secret(app, ctx)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or_default();
-    let cluster = ctx
-        .cluster(app, &secret.properties)
-        .map_err(|e| e.to_string())?;
-    cluster
-        .ensure_claims_topic()
-        .await
-        .map_err(|e| e.to_string())?;
-    let view = cluster.claims.view().await.map_err(|e| e.to_string())?;
+    let secret = kafka_secret(app, ctx).await?.unwrap_or_default();
+    let cluster = ctx.cluster(app, &secret.properties)?;
+    cluster.ensure_claims_topic().await?;
+    let view = cluster.claims.view().await?;
     let id = app.application_id();
     let me = owner(app);
     let mut done = Done {
@@ -72,17 +89,9 @@ async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, String> {
         // named errors topic or another app's changelog.
         let names = view.topics_of(&id, &me);
         if !names.is_empty() {
-            cluster
-                .admin
-                .delete_topics(&names)
-                .await
-                .map_err(|e| e.to_string())?;
+            cluster.admin.delete_topics(&names).await?;
             for t in &names {
-                cluster
-                    .claims
-                    .write(&topic_key(t), None)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                cluster.claims.write(&topic_key(t), None).await?;
             }
         }
         done.topics = names.len();
@@ -90,19 +99,13 @@ async fn cleanup_steps(app: &StreamApp, ctx: &Context) -> Result<Done, String> {
     if policy.consumer_group == Retention::Delete {
         let others = view.other_claimants(&id, &me);
         if others.is_empty() {
-            cluster
-                .admin
-                .delete_group(&app.consumer_group())
-                .await
-                .map_err(|e| e.to_string())?;
+            cluster.admin.delete_group(&app.consumer_group()).await?;
             done.group = true;
         } else {
             tracing::info!(group = %app.consumer_group(), claimed_by = ?others, "kept the consumer group: another app claims it");
         }
     }
-    claim::release(app, &cluster.claims, &view)
-        .await
-        .map_err(|e| e.to_string())?;
+    claim::release(app, &cluster.claims, &view).await?;
     Ok(done)
 }
 

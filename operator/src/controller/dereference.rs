@@ -1,18 +1,97 @@
-//! The dereference step of a reconciliation: the objects it reads from the cluster
-//! besides the StreamApp (its Kafka Secret and its worker pods).
+//! The dereference step of a reconciliation: everything it reads before it decides,
+//! besides the StreamApp: its Kafka Secret and clients, the sources' partition counts,
+//! its StatefulSet, worker pods and published assignment.
 //!
-//! It must not write anything or decide on what it read.
+//! It must not write anything or decide on what it read (a Kafka client configuration
+//! librdkafka refuses is the one verdict here: without a client nothing else is read).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
 
-use super::{Context, Error};
+use super::apply::Problems;
+use super::{Cluster, Context, Error};
 use crate::build;
+use crate::status::{Verdict, reason};
+use crate::topics::TopicError;
+
+/// What a reconciliation read.
+pub(super) struct Observed {
+    /// The Kafka Secret; `None`: `spec.kafka.secretRef` names one that does not exist.
+    pub secret: Option<KafkaSecret>,
+    /// The app's Kafka clients, unless its client configuration is refused.
+    pub cluster: Option<Arc<Cluster>>,
+    pub sts: Option<StatefulSet>,
+    pub pods: Vec<Pod>,
+    /// The assignment ConfigMap the workers read.
+    pub assignment: Option<ConfigMap>,
+}
+
+/// The partition counts of the sources, tables and joined streams, or why Kafka could
+/// not say.
+pub(super) type SourceCounts = Result<BTreeMap<String, Option<i32>>, TopicError>;
+
+/// Reads everything the reconciliation decides on. A refused Kafka client configuration
+/// becomes `problems.source`.
+pub(super) async fn observe(
+    app: &StreamApp,
+    ctx: &Context,
+    problems: &mut Problems,
+) -> Result<(Observed, SourceCounts), Error> {
+    let ns = app.namespace().unwrap_or_default();
+    let secret = kafka_secret(app, ctx).await?;
+    // A client config librdkafka refuses (a misspelt property) is a spec problem.
+    let no_secret = KafkaSecret::default();
+    let cluster = match ctx.cluster(app, &secret.as_ref().unwrap_or(&no_secret).properties) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let reason = match e {
+                Error::RefusedProperties { .. } => reason::KAFKA_PROPERTY_REFUSED,
+                _ => reason::INVALID_KAFKA_PROPERTIES,
+            };
+            problems.source = Some(Verdict::stalled(reason, e.to_string()));
+            None
+        }
+    };
+    // The sources, the tables and joined streams: all but global tables are co-partitioned.
+    let mut read_topics = app.spec.source.topics.clone();
+    read_topics.extend(oxbow_crds::validate::join_topics(&app.spec));
+    let counts = match &cluster {
+        Some(c) => c.admin.partition_counts(&read_topics).await,
+        None => Ok(BTreeMap::new()),
+    };
+    let sts = Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&app.name_any())
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: "StatefulSet".into(),
+            source,
+        })?;
+    let pods = worker_pods(app, ctx).await?;
+    let assignment = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&app.assignment_config_map_name())
+        .await
+        .map_err(|source| Error::ReadCluster {
+            what: format!("ConfigMap {}", app.assignment_config_map_name()),
+            source,
+        })?;
+    Ok((
+        Observed {
+            secret,
+            cluster,
+            sts,
+            pods,
+            assignment,
+        },
+        counts,
+    ))
+}
 
 /// The Secret of `spec.kafka.secretRef`, read.
 #[derive(Debug, Clone, Default)]

@@ -6,9 +6,11 @@
 use kube::runtime::events::EventType;
 use oxbow_crds::{DriftPolicy, StreamApp, StreamAppStatus, TopicStatus};
 
+use super::apply::Problems;
 use super::claim::owner;
 use super::{Cluster, Context, Error, EventReason};
 use crate::ownership::{ClaimsView, TopicFacts, TopicOwnership, TopicRecord, topic_key};
+use crate::status::{Verdict, reason};
 use crate::topics::{self, Role, TopicAction};
 
 /// What the topics step found.
@@ -16,6 +18,84 @@ pub struct TopicsOutcome {
     pub statuses: Vec<TopicStatus>,
     /// One line per topic that exists but is not the app's.
     pub not_owned: Vec<String>,
+}
+
+/// The topics step's verdict, and what it recorded.
+pub(super) struct TopicsStep {
+    pub verdict: Verdict,
+    pub statuses: Vec<TopicStatus>,
+    /// Every wanted topic is recorded as the app's (an app from an operator that kept
+    /// no records is adopted).
+    pub recorded: bool,
+}
+
+/// The topics step: once the task count is known and the id is this app's, before the
+/// workload (pods must never write to a topic that is not the app's). Otherwise the
+/// verdict says what it waits for. A Kafka or claims failure here becomes
+/// `problems.kafka` / `problems.claims`.
+pub(super) async fn step(
+    app: &StreamApp,
+    ctx: &Context,
+    cluster: Option<&Cluster>,
+    view: Option<&ClaimsView>,
+    tasks: Option<i32>,
+    resetting: bool,
+    problems: &mut Problems,
+) -> Result<TopicsStep, Error> {
+    let mut statuses = Vec::new();
+    let mut recorded = false;
+    let verdict = if let Some(e) = &problems.kafka {
+        Verdict::waiting(reason::of_topics(e), e.to_string())
+    } else if let Some(e) = &problems.claims {
+        Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string())
+    } else if let Some(p) = &problems.source {
+        p.clone()
+    } else if problems.invalid.is_some() {
+        Verdict::waiting(
+            reason::SPEC_INVALID,
+            "topics are not reconciled while the spec is invalid or the applicationId is not this app's",
+        )
+    } else if resetting {
+        // Re-created empty by the first reconciliation after the reset.
+        statuses = app.status.clone().unwrap_or_default().topics;
+        Verdict::waiting(
+            reason::RESETTING_STATE,
+            "the changelogs of the stores being reset are re-created once the workers have stopped",
+        )
+    } else if let (Some(tasks), Some(c), Some(view)) = (tasks, cluster, view) {
+        match reconcile(app, c, view, tasks, ctx).await {
+            Ok(outcome) => {
+                statuses = outcome.statuses;
+                if outcome.not_owned.is_empty() {
+                    recorded = true;
+                    crate::status::topics_verdict(&statuses)
+                } else {
+                    Verdict::stalled(reason::TOPIC_NOT_OWNED, outcome.not_owned.join("; "))
+                }
+            }
+            Err(Error::Topics(e)) => {
+                let v = Verdict::waiting(reason::of_topics(&e), e.to_string());
+                problems.kafka = Some(e);
+                v
+            }
+            Err(Error::Claims(e)) => {
+                let v = Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string());
+                problems.claims = Some(e);
+                v
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        Verdict::waiting(
+            reason::TASKS_UNKNOWN,
+            "source partition counts are not known yet",
+        )
+    };
+    Ok(TopicsStep {
+        verdict,
+        statuses,
+        recorded,
+    })
 }
 
 /// Whether the app was last reconciled by an operator that kept no topic records: its

@@ -1,0 +1,151 @@
+//! The place step of a reconciliation: who runs which task, and how large the
+//! StatefulSet must stay while pods drain. It reads only the controller's own stores
+//! (the pods' report Leases, judged by this operator's clock); the decision is
+//! [`crate::placement`]'s, pure.
+//!
+//! It must not write anything.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use oxbow_crds::StreamApp;
+use oxbow_crds::assignment::{Assignment, Params};
+
+use super::Context;
+use super::apply::Problems;
+use super::dereference::Observed;
+use crate::placement::{self, Plan, PodObservation};
+use crate::status::{Verdict, reason};
+
+/// Where the tasks go, and what it was decided from.
+pub(super) struct Placed {
+    /// The pods' own reports (their Leases), by pod.
+    pub reports: BTreeMap<String, oxbow_crds::report::Report>,
+    /// Their `status.instances` entries.
+    pub reported: Vec<oxbow_crds::InstanceStatus>,
+    /// The worker pods as placement sees them.
+    pub observed: Vec<PodObservation>,
+    /// The assignment the workers were last given (the ConfigMap), if readable.
+    pub published: Option<Assignment>,
+    /// The next placement, when the task count is known and the spec valid.
+    pub plan: Option<Plan>,
+    /// The size the StatefulSet must have (above `spec.replicas` while pods drain).
+    pub sts_replicas: i32,
+}
+
+/// Places the app's `tasks` (per stage). `resetting`: a reset stops every worker.
+pub(super) fn place(
+    app: &StreamApp,
+    ctx: &Context,
+    obs: &Observed,
+    tasks: Option<i32>,
+    resetting: bool,
+    problems: &mut Problems,
+) -> Placed {
+    let ns = app.namespace().unwrap_or_default();
+    // The pods' own reports (their Leases), not status.instances: that is only the
+    // operator's aggregate of them, written on a bounded schedule.
+    let mut reports = ctx
+        .reports
+        .get()
+        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
+        .unwrap_or_default();
+    // Judged by this operator's clock, not the pods' (see `Renewals`).
+    let seen_at = std::time::Instant::now();
+    crate::reports::judged_locally(
+        &mut reports,
+        |pod| {
+            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
+            ctx.renewals.age(&key, seen_at)
+        },
+        Timestamp::now(),
+    );
+    let reported: Vec<oxbow_crds::InstanceStatus> =
+        reports.values().map(|r| r.entry.clone()).collect();
+    let observed: Vec<PodObservation> = obs
+        .pods
+        .iter()
+        .filter_map(|p| placement::observe(&app.worker_name(), p))
+        .collect();
+    let facts = placement::pod_facts(
+        &observed,
+        &reported,
+        app.spec.replicas,
+        Timestamp::now(),
+        ctx.placement.failover_timeout,
+    );
+    let published = placement::published(obs.assignment.as_ref()).unwrap_or_else(|why| {
+        // Edited by hand: placement starts over from what the workers report.
+        tracing::warn!(configmap = %app.assignment_config_map_name(), %why, "ignoring an unreadable assignment");
+        None
+    });
+    // The task count in force: it fixes which keys each task's state holds. A source that
+    // gained partitions would move keys to tasks that start empty: stall instead.
+    let published_tasks = published.as_ref().and_then(published_task_count);
+    if let (Some(n), Some(had), None) = (tasks, published_tasks, &problems.source)
+        && n != had
+    {
+        problems.source = Some(Verdict::stalled(
+            reason::SOURCE_PARTITIONS_CHANGED,
+            format!(
+                "the source topics have {n} partitions but the app's state is split into {had} tasks: records of a key would go to a task that does not hold its state. Either restore {had} partitions (re-create the source topics), or start over with the new partitioning under a new StreamApp (another applicationId; it reprocesses the sources), then delete this one"
+            ),
+        ));
+    }
+    // Without the source metadata (Kafka or its Secret unreachable, or the partitions
+    // changed), placement goes on with the published task count: a dead pod's tasks
+    // still fail over.
+    let place_tasks = match &problems.source {
+        None => tasks.or(published_tasks),
+        Some(p)
+            if p.reason == reason::SOURCE_PARTITIONS_CHANGED
+                || p.reason == reason::KAFKA_SECRET_MISSING =>
+        {
+            published_tasks
+        }
+        Some(_) => None,
+    };
+    let plan: Option<Plan> = match place_tasks {
+        Some(n) if problems.invalid.is_none() => Some(placement::plan(
+            published.as_ref(),
+            &facts,
+            &reported,
+            Params {
+                tasks: u32::try_from(n).unwrap_or(0),
+                stages: oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec)
+                    .stage_count(),
+                standby_replicas: u32::try_from(app.spec.standby_replicas).unwrap_or(0),
+                warmup_max_lag: ctx.placement.warmup_max_lag,
+            },
+        )),
+        _ => None,
+    };
+    let wanted = plan.as_ref().map(|p| &p.assignment).or(published.as_ref());
+    // A reset stops every worker before the changelogs it would write are deleted.
+    let sts_replicas = if resetting {
+        0
+    } else {
+        placement::stateful_set_replicas(
+            app.spec.replicas,
+            &app.worker_name(),
+            wanted,
+            &facts,
+            &reported,
+        )
+    };
+    Placed {
+        reports,
+        reported,
+        observed,
+        published,
+        plan,
+        sts_replicas,
+    }
+}
+
+/// Tasks per stage in a published assignment (its stage-0 tasks).
+fn published_task_count(a: &Assignment) -> Option<i32> {
+    let n = a.tasks.keys().filter(|t| t.stage == 0).count();
+    (n > 0).then(|| i32::try_from(n).unwrap_or(i32::MAX))
+}
