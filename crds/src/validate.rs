@@ -281,6 +281,19 @@ pub fn validate_app(app: &crate::StreamApp) -> Vec<ValidationError> {
 
 /// Checks what only needs the spec. Returns every problem found.
 pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
+    let mut errors = expression_errors(spec);
+    errors.extend(duration_errors(spec));
+    errors.extend(kafka_errors(spec));
+    let (owner, store_errors) = store_owners(spec);
+    errors.extend(store_errors);
+    errors.extend(yaml_boolean_keys(spec, &owner));
+    errors.extend(step_names(spec));
+    errors.extend(tables_and_outputs(spec, &owner));
+    errors
+}
+
+/// Every CEL expression compiles and fits the cost budget.
+fn expression_errors(spec: &StreamAppSpec) -> Vec<ValidationError> {
     let mut errors = Vec::new();
     for (path, expr) in expressions(spec) {
         match cel::Program::compile(&expr) {
@@ -311,6 +324,12 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             }
         }
     }
+    errors
+}
+
+/// Every duration parses, and those that cannot be zero are not.
+fn duration_errors(spec: &StreamAppSpec) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
     for (path, d) in durations(spec) {
         match parse_duration(&d) {
             // A zero grace or retention means "none"; a zero interval, window size, gap or
@@ -333,6 +352,12 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             }),
         }
     }
+    errors
+}
+
+/// The transaction timeout fits the commit interval, and no refused client property.
+fn kafka_errors(spec: &StreamAppSpec) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
     if spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce
         && let Ok(interval) = parse_duration(&spec.commit_interval)
         && !interval.is_zero()
@@ -355,6 +380,12 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             });
         }
     }
+    errors
+}
+
+/// Which step owns each store (by label), and the stores two steps claim.
+fn store_owners(spec: &StreamAppSpec) -> (BTreeMap<String, String>, Vec<ValidationError>) {
+    let mut errors = Vec::new();
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (i, s) in spec.steps.iter().enumerate() {
         if let Some(store) = step_store(s) {
@@ -370,6 +401,15 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             }
         }
     }
+    (owner, errors)
+}
+
+/// Map keys YAML 1.1 would read as booleans, and store settings no step uses.
+fn yaml_boolean_keys(
+    spec: &StreamAppSpec,
+    owner: &BTreeMap<String, String>,
+) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
     for store in spec.stores.keys() {
         if yaml_boolean(store) {
             errors.push(ValidationError::YamlBooleanKey {
@@ -394,8 +434,6 @@ pub fn validate_spec(spec: &StreamAppSpec) -> Vec<ValidationError> {
             }
         }
     }
-    errors.extend(step_names(spec));
-    errors.extend(tables_and_outputs(spec, &owner));
     errors
 }
 

@@ -589,14 +589,61 @@ fn condition(
 }
 
 pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
-    // The first failing detail explains Ready=False; an invalid spec trumps everything.
-    // Tasks come before the workload: a failed task says more than "1/3 pods ready".
     let details = [
         (ConditionType::TopicsReady, &input.topics),
         (ConditionType::TasksAssigned, &input.tasks),
         (ConditionType::WorkloadReady, &input.workload),
         (ConditionType::Restored, &input.restored),
     ];
+    let blocking = blocking(input);
+    let stalled = blocking.filter(|v| v.stalled);
+    let mut out = Vec::new();
+    out.push(match blocking {
+        None => condition(
+            input,
+            ConditionType::Ready,
+            true,
+            reason::READY,
+            "topics exist, every worker is ready and every task is restored",
+        ),
+        Some(v) => condition(input, ConditionType::Ready, false, v.reason, &v.message),
+    });
+    out.push(match (stalled, blocking) {
+        (Some(_), _) | (None, None) => condition(
+            input,
+            ConditionType::Reconciling,
+            false,
+            reason::NOT_RECONCILING,
+            "",
+        ),
+        (None, Some(v)) => condition(
+            input,
+            ConditionType::Reconciling,
+            true,
+            v.reason,
+            &v.message,
+        ),
+    });
+    out.push(match stalled {
+        Some(v) => condition(input, ConditionType::Stalled, true, v.reason, &v.message),
+        None => condition(
+            input,
+            ConditionType::Stalled,
+            false,
+            reason::NOT_STALLED,
+            "",
+        ),
+    });
+    for (t, v) in details {
+        out.push(condition(input, t, v.ok, v.reason, &v.message));
+    }
+    (out, phase(input, blocking.is_none(), stalled.is_some()))
+}
+
+/// The verdict that keeps the app from Ready, if any: an invalid spec trumps everything,
+/// then the first stalled detail, then the first failing one.
+fn blocking<'a>(input: &'a StatusInput<'_>) -> Option<&'a Verdict> {
+    // Tasks come before the workload: a failed task says more than "1/3 pods ready".
     // A restore explains a pending acknowledgement (a worker acknowledges once its new
     // tasks are restored) and pods not ready (readiness waits for the restore): then
     // Ready names the restore, ahead of those two.
@@ -604,76 +651,31 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
         v.ok || [reason::ASSIGNMENT_PENDING, reason::WORKERS_NOT_READY].contains(&v.reason)
     };
     let restore_first = !input.restored.ok && explained(&input.tasks) && explained(&input.workload);
-    let order: Vec<&Verdict> = if restore_first {
-        vec![
+    let order: [&Verdict; 4] = if restore_first {
+        [
             &input.topics,
             &input.restored,
             &input.tasks,
             &input.workload,
         ]
     } else {
-        details.iter().map(|(_, v)| *v).collect()
+        [
+            &input.topics,
+            &input.tasks,
+            &input.workload,
+            &input.restored,
+        ]
     };
-    let blocking = input
+    input
         .invalid
         .as_ref()
         .or_else(|| order.iter().copied().find(|v| v.stalled))
-        .or_else(|| order.iter().copied().find(|v| !v.ok));
-    let ready = blocking.is_none();
-    let stalled = blocking.filter(|v| v.stalled);
-    let mut out = Vec::new();
-    match blocking {
-        None => out.push(condition(
-            input,
-            ConditionType::Ready,
-            true,
-            reason::READY,
-            "topics exist, every worker is ready and every task is restored",
-        )),
-        Some(v) => out.push(condition(
-            input,
-            ConditionType::Ready,
-            false,
-            v.reason,
-            &v.message,
-        )),
-    }
-    match (stalled, blocking) {
-        (Some(_), _) | (None, None) => out.push(condition(
-            input,
-            ConditionType::Reconciling,
-            false,
-            reason::NOT_RECONCILING,
-            "",
-        )),
-        (None, Some(v)) => out.push(condition(
-            input,
-            ConditionType::Reconciling,
-            true,
-            v.reason,
-            &v.message,
-        )),
-    }
-    match stalled {
-        Some(v) => out.push(condition(
-            input,
-            ConditionType::Stalled,
-            true,
-            v.reason,
-            &v.message,
-        )),
-        None => out.push(condition(
-            input,
-            ConditionType::Stalled,
-            false,
-            reason::NOT_STALLED,
-            "",
-        )),
-    }
-    for (t, v) in details {
-        out.push(condition(input, t, v.ok, v.reason, &v.message));
-    }
-    let phase = if stalled.is_some() {
+        .or_else(|| order.iter().copied().find(|v| !v.ok))
+}
+
+/// The phase for humans, from the same verdicts.
+fn phase(input: &StatusInput<'_>, ready: bool, stalled: bool) -> Phase {
+    if stalled {
         Phase::Failed
     } else if ready {
         Phase::Running
@@ -693,8 +695,7 @@ pub fn conditions(input: &StatusInput<'_>) -> (Vec<Condition>, Phase) {
         Phase::Pending
     } else {
         Phase::Provisioning
-    };
-    (out, phase)
+    }
 }
 
 #[cfg(test)]
