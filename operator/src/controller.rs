@@ -20,6 +20,7 @@ mod children;
 mod claim;
 mod cleanup;
 mod dereference;
+mod encoding;
 mod events;
 mod internal_topics;
 mod place;

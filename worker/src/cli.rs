@@ -94,6 +94,12 @@ struct RunArgs {
     /// this process may use (a container's CPU limit counts), at least 1.
     #[arg(long, env = "OXBOW_THREADS", value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: Option<u16>,
+    /// How the aggregate stores' values are written: `json`, which every worker reads,
+    /// or `binary`, which only workers since it read. Both are always read. The operator
+    /// chooses binary once no older worker can see the app's stores; standalone, choose
+    /// binary only when every worker of the app reads it.
+    #[arg(long, env = "OXBOW_STORE_ENCODING", default_value = "json")]
+    store_encoding: oxbow_crds::StoreEncoding,
 }
 
 /// The address other pods and clients reach this worker at: `--listen` itself, or, when
@@ -148,7 +154,8 @@ pub fn main_with(extra: Vec<crate::ProcessorFactory>) -> std::process::ExitCode 
 }
 
 fn run(a: RunArgs, extra: Vec<crate::ProcessorFactory>) -> anyhow::Result<()> {
-    let app = crate::App::load(&a.config, a.kafka_secret_dir.as_deref())?;
+    let mut app = crate::App::load(&a.config, a.kafka_secret_dir.as_deref())?;
+    app.store_encoding = a.store_encoding;
     let from_pod = std::env::var("POD_NAME")
         .ok()
         .and_then(|p| p.rsplit_once('-').and_then(|(_, n)| n.parse::<u32>().ok()));
@@ -186,7 +193,7 @@ fn run(a: RunArgs, extra: Vec<crate::ProcessorFactory>) -> anyhow::Result<()> {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         }),
     };
-    tracing::info!(app = %app.application_id, instance, instances = a.instances, threads = opts.threads, "starting");
+    tracing::info!(app = %app.application_id, instance, instances = a.instances, threads = opts.threads, store_encoding = %app.store_encoding, "starting");
     crate::run_with(app, extra, opts, Some(a.listen))
 }
 

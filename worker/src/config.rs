@@ -66,6 +66,9 @@ pub struct App {
     /// The only fields of a source value the app can see (`None`: all of them); stage-0
     /// tasks decode just these ([`crate::projection`]).
     pub source_fields: Option<crate::projection::Fields>,
+    /// How the built-in steps write their stores' values: JSON unless told
+    /// (`--store-encoding`), since a worker before the binary encoding reads JSON alone.
+    pub store_encoding: oxbow_crds::StoreEncoding,
 }
 
 /// How a task reads a record of a stream–stream join's other stream.
@@ -193,6 +196,7 @@ impl App {
             }
         };
         Ok(Self {
+            store_encoding: oxbow_crds::StoreEncoding::default(),
             source_fields,
             topology,
             partitioned_by,

@@ -92,6 +92,8 @@ pub struct Context<'a> {
     pub(crate) lookups: &'a dyn Lookups,
     /// Records for other topics, kept only if the unit of work succeeds.
     pub(crate) sends: &'a mut Vec<ToRecord>,
+    /// How the built-in steps write their stores' values.
+    pub(crate) encoding: oxbow_crds::StoreEncoding,
 }
 
 impl Context<'_> {
@@ -108,6 +110,11 @@ impl Context<'_> {
     }
     pub fn env(&self) -> &Env {
         self.env
+    }
+    /// How the built-in steps write their stores' values (the app's choice; every
+    /// encoding is read).
+    pub fn store_encoding(&self) -> oxbow_crds::StoreEncoding {
+        self.encoding
     }
     pub fn get(&self, store: &StoreName, key: &[u8]) -> Result<Option<Vec<u8>>, StepError> {
         match self.overlay.get(store, key) {

@@ -74,6 +74,14 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A stored value the step cannot read: the task stops rather than skip records
+    /// on state it does not understand.
+    #[error("failed to decode {what} in store {store}: {source}")]
+    Decode {
+        store: String,
+        what: String,
+        source: crate::steps::encoding::DecodeError,
+    },
 }
 
 /// Memory shared by every task of the process: one block cache and one write-buffer

@@ -112,6 +112,8 @@ pub struct Task {
     /// partition ([`crate::engine::replay`]).
     pub marks: Marks,
     pub failed: Option<String>,
+    /// How the steps write their stores' values (`App::store_encoding`).
+    encoding: oxbow_crds::StoreEncoding,
 }
 
 impl Task {
@@ -127,6 +129,7 @@ impl Task {
             id,
             partitions,
             next_topic: app.next_stage_topic(id.stage).map(Arc::from),
+            encoding: app.store_encoding,
             db,
             overlay: Overlay::default(),
             processors,
@@ -155,6 +158,7 @@ impl Task {
             now_ms: now_ms(),
             lookups: &*self.lookups,
             sends: &mut sends,
+            encoding: self.encoding,
         };
         for p in &mut self.processors {
             p.init(&mut ctx)?;
@@ -284,6 +288,7 @@ impl Task {
             now_ms: now,
             lookups: &*self.lookups,
             sends: &mut sends,
+            encoding: self.encoding,
         };
         let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;
         let mut dead = Vec::new();
@@ -331,6 +336,7 @@ impl Task {
             now_ms: now,
             lookups: &*self.lookups,
             sends: &mut sends,
+            encoding: self.encoding,
         };
         let mut result = Ok(());
         let isolate = app.manifest.spec.errors.policy != ErrorPolicy::Fail;

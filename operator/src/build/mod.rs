@@ -16,6 +16,8 @@ mod report_lease;
 mod service;
 mod stateful_set;
 
+pub use stateful_set::{image, live_image, live_store_encoding};
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -26,8 +28,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
-use oxbow_crds::StreamApp;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
+use oxbow_crds::{StoreEncoding, StreamApp};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -307,6 +309,7 @@ pub fn build(
     cx: &BuildContext,
     replicas: i32,
     kafka_secret_version: Option<&str>,
+    store_encoding: StoreEncoding,
 ) -> Result<Children, BuildError> {
     let meta = ChildMeta::of(app)?;
     let sa_name = app.service_account_name();
@@ -332,6 +335,7 @@ pub fn build(
                 replicas,
                 config_hash: hash,
                 kafka_secret_version,
+                store_encoding,
             },
         ),
         pod_disruption_budget: pod_disruption_budget::build(

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use oxbow_crds::{Retention, StreamApp};
+use oxbow_crds::{Retention, StoreEncoding, StreamApp};
 
 use super::{
     ASSIGNMENT_ENV, BuildContext, CONFIG_FILE, CONFIG_HASH_ANNOTATION, CONFIG_MOUNT, HTTP_PORT,
@@ -29,6 +29,39 @@ use super::{
 const NONROOT: i64 = 65532;
 const SECRET_VOLUME: &str = "kafka-secret";
 const CONFIG_VOLUME: &str = "config";
+/// The worker's flag for its store encoding; its presence in a live template also says
+/// the pods run a worker that reads every encoding.
+const STORE_ENCODING_FLAG: &str = "--store-encoding";
+
+/// The store encoding a live StatefulSet's worker container is told, if any (`None`: it
+/// was built by an operator from before store encodings, for a worker that reads JSON
+/// alone).
+pub fn live_store_encoding(sts: &StatefulSet) -> Option<StoreEncoding> {
+    let pod = sts.spec.as_ref()?.template.spec.as_ref()?;
+    let args = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "worker")?
+        .args
+        .as_ref()?;
+    let at = args.iter().position(|a| a == STORE_ENCODING_FLAG)?;
+    args.get(at + 1)?.parse().ok()
+}
+
+/// The worker image a live StatefulSet runs.
+pub fn live_image(sts: &StatefulSet) -> Option<&str> {
+    let pod = sts.spec.as_ref()?.template.spec.as_ref()?;
+    pod.containers
+        .iter()
+        .find(|c| c.name == "worker")?
+        .image
+        .as_deref()
+}
+
+/// The worker image the app's pods are to run.
+pub fn image<'a>(app: &'a StreamApp, cx: &'a BuildContext) -> &'a str {
+    app.spec.image.as_deref().unwrap_or(&cx.default_image)
+}
 
 /// What the StatefulSet needs besides the app and the build context.
 pub(super) struct Facts<'a> {
@@ -38,6 +71,8 @@ pub(super) struct Facts<'a> {
     pub config_hash: String,
     /// The resourceVersion of the Secret of `spec.kafka.secretRef`.
     pub kafka_secret_version: Option<&'a str>,
+    /// How the workers write their aggregate stores (`controller::encoding` decides).
+    pub store_encoding: StoreEncoding,
 }
 
 pub(super) fn build(app: &StreamApp, cx: &BuildContext, f: Facts<'_>) -> StatefulSet {
@@ -47,7 +82,7 @@ pub(super) fn build(app: &StreamApp, cx: &BuildContext, f: Facts<'_>) -> Statefu
         Retention::Delete => "Delete",
     };
     StatefulSet {
-        metadata: f.meta,
+        metadata: f.meta.clone(),
         spec: Some(StatefulSetSpec {
             replicas: Some(f.replicas),
             service_name: Some(app.headless_service_name()),
@@ -64,7 +99,7 @@ pub(super) fn build(app: &StreamApp, cx: &BuildContext, f: Facts<'_>) -> Statefu
                     when_scaled: Some("Retain".into()),
                 },
             ),
-            template: pod_template(app, cx, f.config_hash, f.kafka_secret_version),
+            template: pod_template(app, cx, &f),
             volume_claim_templates: Some(vec![state_claim(app)]),
             ..StatefulSetSpec::default()
         }),
@@ -96,22 +131,17 @@ fn state_claim(app: &StreamApp) -> PersistentVolumeClaim {
     }
 }
 
-fn pod_template(
-    app: &StreamApp,
-    cx: &BuildContext,
-    config_hash: String,
-    kafka_secret_version: Option<&str>,
-) -> PodTemplateSpec {
+fn pod_template(app: &StreamApp, cx: &BuildContext, f: &Facts<'_>) -> PodTemplateSpec {
     let spec = &app.spec;
     let overrides = spec.pod_template.clone().unwrap_or_default();
     let mut pod_labels = overrides.labels.clone();
     pod_labels.extend(labels(app));
     let mut annotations = overrides.annotations.clone();
-    annotations.insert(CONFIG_HASH_ANNOTATION.into(), config_hash);
+    annotations.insert(CONFIG_HASH_ANNOTATION.into(), f.config_hash.clone());
     // The worker reads the mounted Secret once, at start: a changed Secret rolls it.
     // The resourceVersion, not a digest of the content: a digest of a short password in
     // a pod's annotations could be brute-forced by anyone who may read pods.
-    if let Some(v) = kafka_secret_version {
+    if let Some(v) = f.kafka_secret_version {
         annotations.insert(KAFKA_SECRET_VERSION_ANNOTATION.into(), v.to_string());
     }
     let mut volumes = vec![Volume {
@@ -154,7 +184,7 @@ fn pod_template(
             termination_grace_period_seconds: Some(
                 overrides.termination_grace_period_seconds.unwrap_or(60),
             ),
-            containers: vec![container(app, cx, overrides.env.clone())],
+            containers: vec![container(app, cx, overrides.env.clone(), f.store_encoding)],
             volumes: Some(volumes),
             node_selector: non_empty(&overrides.node_selector),
             tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
@@ -193,7 +223,7 @@ fn env(app: &StreamApp, extra: Vec<EnvVar>) -> Vec<EnvVar> {
     env
 }
 
-fn args(app: &StreamApp) -> Vec<String> {
+fn args(app: &StreamApp, encoding: StoreEncoding) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "run".into(),
         "--config".into(),
@@ -222,6 +252,7 @@ fn args(app: &StreamApp) -> Vec<String> {
     if let Some(n) = processing_threads(app.spec.resources.as_ref()) {
         args.extend(["--threads".into(), n.to_string()]);
     }
+    args.extend([STORE_ENCODING_FLAG.into(), encoding.as_str().into()]);
     args
 }
 
@@ -238,7 +269,12 @@ fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe 
     }
 }
 
-fn container(app: &StreamApp, cx: &BuildContext, extra_env: Vec<EnvVar>) -> Container {
+fn container(
+    app: &StreamApp,
+    cx: &BuildContext,
+    extra_env: Vec<EnvVar>,
+    encoding: StoreEncoding,
+) -> Container {
     let spec = &app.spec;
     let port = |name: &str, container_port: i32| ContainerPort {
         name: Some(name.into()),
@@ -269,15 +305,11 @@ fn container(app: &StreamApp, cx: &BuildContext, extra_env: Vec<EnvVar>) -> Cont
     }
     Container {
         name: "worker".into(),
-        image: Some(
-            spec.image
-                .clone()
-                .unwrap_or_else(|| cx.default_image.clone()),
-        ),
+        image: Some(image(app, cx).to_string()),
         // A tagged image is immutable here: pull it only when the node lacks it, so nodes
         // loaded without a registry (kind load, the local stack) run it too.
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(args(app)),
+        args: Some(args(app, encoding)),
         env: Some(env(app, extra_env)),
         ports: Some(vec![port("http", HTTP_PORT), port("metrics", METRICS_PORT)]),
         // Ready only when every active task is restored and running: a rolling update

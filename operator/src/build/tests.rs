@@ -24,7 +24,7 @@ fn hash(a: &StreamApp) -> String {
 }
 
 fn hash_at(a: &StreamApp, replicas: i32) -> String {
-    let c = build(a, &cx(), replicas, None).expect("builds");
+    let c = build(a, &cx(), replicas, None, StoreEncoding::Binary).expect("builds");
     c.stateful_set
         .spec
         .and_then(|s| s.template.metadata)
@@ -45,7 +45,7 @@ fn statefulset_carries_storage_probes_env_and_retention() {
     let a = app(
         "  storage: {size: 5Gi, storageClassName: fast}\n  deletionPolicy: {volumes: Delete}\n",
     );
-    let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
+    let c = build(&a, &cx(), a.spec.replicas, None, StoreEncoding::Binary).expect("builds");
     let sts = serde_json::to_value(&c.stateful_set).expect("json");
     let spec = &sts["spec"];
     assert_eq!(spec["replicas"], 3);
@@ -125,7 +125,7 @@ fn a_kafka_secret_is_mounted_into_the_workers() {
     a.spec.kafka.secret_ref = Some(oxbow_crds::SecretRef {
         name: "kafka-creds".into(),
     });
-    let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
+    let c = build(&a, &cx(), a.spec.replicas, None, StoreEncoding::Binary).expect("builds");
     let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
     assert!(
         t["spec"]["volumes"]
@@ -155,7 +155,7 @@ fn a_kafka_secret_is_mounted_into_the_workers() {
 fn a_changed_kafka_secret_rolls_the_workers_without_its_content_in_the_pods() {
     let a = app("");
     let annotations = |version| {
-        build(&a, &cx(), 3, version)
+        build(&a, &cx(), 3, version, StoreEncoding::Binary)
             .expect("builds")
             .stateful_set
             .spec
@@ -175,7 +175,7 @@ fn a_changed_kafka_secret_rolls_the_workers_without_its_content_in_the_pods() {
 
 #[test]
 fn worker_role_is_limited_to_its_own_objects() {
-    let c = build(&app(""), &cx(), 3, None).expect("builds");
+    let c = build(&app(""), &cx(), 3, None, StoreEncoding::Binary).expect("builds");
     let rules = serde_json::to_value(&c.role.rules).expect("json");
     assert_eq!(
         rules[0]["resourceNames"],
@@ -202,7 +202,7 @@ fn worker_role_is_limited_to_its_own_objects() {
         c.report_leases[0].labels()[oxbow_crds::report::REPORT_OF_LABEL],
         "fraud"
     );
-    let none = build(&app(""), &cx(), 0, None).expect("builds");
+    let none = build(&app(""), &cx(), 0, None, StoreEncoding::Binary).expect("builds");
     let rules = serde_json::to_value(&none.role.rules).expect("json");
     assert!(
         rules
@@ -229,7 +229,7 @@ fn pod_template_overrides_add_labels_env_and_scheduling() {
     let a = app(
         "  podTemplate:\n    labels: {team: risk}\n    nodeSelector: {disk: ssd}\n    env: [{name: EXTRA, value: x}]\n",
     );
-    let c = build(&a, &cx(), a.spec.replicas, None).expect("builds");
+    let c = build(&a, &cx(), a.spec.replicas, None, StoreEncoding::Binary).expect("builds");
     let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
     assert_eq!(t["metadata"]["labels"]["team"], "risk");
     assert_eq!(
@@ -260,7 +260,7 @@ fn changing_the_standby_count_does_not_roll_the_pods() {
 }
 
 fn args(a: &StreamApp) -> Vec<String> {
-    let c = build(a, &cx(), a.spec.replicas, None).expect("builds");
+    let c = build(a, &cx(), a.spec.replicas, None, StoreEncoding::Binary).expect("builds");
     let t = serde_json::to_value(c.stateful_set.spec.expect("spec").template).expect("json");
     t["spec"]["containers"][0]["args"]
         .as_array()
@@ -371,7 +371,7 @@ fn an_absurd_memory_limit_is_capped_rather_than_overflowing_the_worker() {
 #[test]
 fn the_statefulset_size_is_the_one_passed_in_while_pods_drain() {
     let a = app("");
-    let c = build(&a, &cx(), 5, None).expect("builds");
+    let c = build(&a, &cx(), 5, None, StoreEncoding::Binary).expect("builds");
     assert_eq!(c.stateful_set.spec.and_then(|s| s.replicas), Some(5));
     assert_eq!(hash(&a), hash_at(&a, 5), "a drain does not roll the pods");
 }
@@ -412,7 +412,7 @@ fn the_assignment_configmap_holds_the_json_and_is_owned_like_every_child() {
 fn a_network_policy_admits_the_query_port_only_from_own_pods_and_labelled_clients() {
     let a = app("");
     assert!(
-        build(&a, &cx(), 3, None)
+        build(&a, &cx(), 3, None, StoreEncoding::Binary)
             .expect("builds")
             .network_policy
             .is_none(),
@@ -422,7 +422,7 @@ fn a_network_policy_admits_the_query_port_only_from_own_pods_and_labelled_client
         query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
         ..cx()
     };
-    let np = build(&a, &cx, 3, None)
+    let np = build(&a, &cx, 3, None, StoreEncoding::Binary)
         .expect("builds")
         .network_policy
         .expect("a policy");
@@ -487,7 +487,7 @@ fn the_children_of_a_full_spec_match_the_committed_snapshot() {
         default_image: "oxbow-worker:0.1.0".into(),
         query_client_label: Some(("oxbow.dev/query-client".into(), "true".into())),
     };
-    let c = build(&a, &cx, 4, Some("12345")).expect("builds");
+    let c = build(&a, &cx, 4, Some("12345"), StoreEncoding::Binary).expect("builds");
     let assignment = one_pod_assignment();
     let got = json!({
         "serviceAccount": c.service_account,

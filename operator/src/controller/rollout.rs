@@ -35,6 +35,8 @@ pub(super) struct RolledOut {
     /// A reset under way: its verdict, and whether it is done.
     pub reset_verdict: Option<Verdict>,
     pub reset_done: bool,
+    /// The store encoding of the template applied, when the children were applied.
+    pub store_encoding: Option<oxbow_crds::StoreEncoding>,
 }
 
 /// Builds and applies the children, or only publishes the assignment when nothing else
@@ -49,7 +51,6 @@ pub(super) async fn roll_out(
     topics_stalled: bool,
     problems: &mut Problems,
 ) -> RolledOut {
-    let ns = app.namespace().unwrap_or_default();
     let reset_stores = owned.reset_stores.as_deref();
     let owned = owned.view.is_some()
         || ((problems.claims.is_some() || problems.kafka.is_some()) && obs.sts.is_some());
@@ -57,29 +58,19 @@ pub(super) async fn roll_out(
     let mut rolled_out = false;
     let mut in_force = placed.published.clone();
     let mut applied_sts = None;
+    let mut store_encoding = None;
     let to_publish = placed
         .plan
         .as_ref()
         .filter(|p| p.publish)
         .map(|p| &p.assignment);
     if problems.invalid.is_none() && problems.source.is_none() && owned && !topics_stalled {
-        let secret_version = obs.secret.as_ref().and_then(|s| s.version.as_deref());
-        let built = build::build(app, &ctx.build, placed.sts_replicas, secret_version).and_then(
-            |children| {
-                let cm = to_publish
-                    .map(|a| build::assignment_config_map(app, a))
-                    .transpose()?;
-                Ok((children, cm))
-            },
-        );
-        let applied = match built {
-            Ok((children, cm)) => apply_children(app, &ns, &children, cm.as_ref(), ctx).await,
-            Err(e) => Err(e.into()),
-        };
-        match applied {
+        let encoding = super::encoding::decide(obs.sts.as_ref(), build::image(app, &ctx.build));
+        match apply_all(app, ctx, obs, placed, to_publish, encoding).await {
             Ok(live) => {
                 applied_sts = live;
                 rolled_out = true;
+                store_encoding = Some(encoding);
                 if let Some(a) = to_publish {
                     tracing::info!(generation = a.generation, "published task assignment");
                     in_force = Some(a.clone());
@@ -93,15 +84,11 @@ pub(super) async fn roll_out(
     {
         // Nothing else is rolled out, but the assignment moves on, so pods that die
         // still hand their tasks over.
-        let published = build::assignment_config_map(app, a).map_err(Error::from);
-        match published {
-            Ok(cm) => match ssa(ctx, &ns, &cm).await {
-                Ok(_) => {
-                    tracing::info!(generation = a.generation, "published task assignment");
-                    in_force = Some(a.clone());
-                }
-                Err(e) => apply_error = Some(e),
-            },
+        match publish(app, ctx, a).await {
+            Ok(()) => {
+                tracing::info!(generation = a.generation, "published task assignment");
+                in_force = Some(a.clone());
+            }
             Err(e) => apply_error = Some(e),
         }
     }
@@ -144,5 +131,38 @@ pub(super) async fn roll_out(
         apply_verdict,
         reset_verdict,
         reset_done,
+        store_encoding,
     }
+}
+
+/// Builds every child (and the assignment to publish, if any) and applies them in order;
+/// the StatefulSet as the apply returned it.
+async fn apply_all(
+    app: &StreamApp,
+    ctx: &Context,
+    obs: &Observed,
+    placed: &Placed,
+    to_publish: Option<&Assignment>,
+    encoding: oxbow_crds::StoreEncoding,
+) -> Result<Option<StatefulSet>, Error> {
+    let ns = app.namespace().unwrap_or_default();
+    let secret_version = obs.secret.as_ref().and_then(|s| s.version.as_deref());
+    let children = build::build(
+        app,
+        &ctx.build,
+        placed.sts_replicas,
+        secret_version,
+        encoding,
+    )?;
+    let cm = to_publish
+        .map(|a| build::assignment_config_map(app, a))
+        .transpose()?;
+    apply_children(app, &ns, &children, cm.as_ref(), ctx).await
+}
+
+/// Publishes the assignment alone.
+async fn publish(app: &StreamApp, ctx: &Context, a: &Assignment) -> Result<(), Error> {
+    let ns = app.namespace().unwrap_or_default();
+    let cm = build::assignment_config_map(app, a)?;
+    ssa(ctx, &ns, &cm).await.map(|_| ())
 }

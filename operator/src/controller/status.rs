@@ -122,6 +122,7 @@ pub(super) async fn next_status<'a>(
         } else {
             validated.recorded
         },
+        store_encoding: rolled.store_encoding.or(previous.store_encoding),
         instances: vec![],
         topics: topics.statuses,
     };

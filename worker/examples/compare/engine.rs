@@ -263,6 +263,10 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
                     &setup.memory_mib.to_string(),
                     "--threads",
                     &setup.threads.to_string(),
+                    // As the operator runs a new app; BENCH_STORE_ENCODING=json for the
+                    // encoding of an app an earlier operator ran.
+                    "--store-encoding",
+                    &std::env::var("BENCH_STORE_ENCODING").unwrap_or_else(|_| "binary".into()),
                 ])
                 .env(
                     "RUST_LOG",

@@ -262,7 +262,7 @@ pub fn decode_entry(
     filter: WindowFilter,
 ) -> Json {
     match layout {
-        Layout::Aggregate { fields, rules } => match serde_json::from_slice::<AggState>(value) {
+        Layout::Aggregate { fields, rules } => match crate::steps::encoding::decode_state(value) {
             Ok(s) => decode_aggregate(fields, rules.as_ref(), &s, stream_time, filter),
             Err(e) => raw(value, format!("failed to decode the aggregate state: {e}")),
         },
@@ -307,7 +307,7 @@ pub fn decode_window_rows(
     };
     let mut s = AggState::default();
     for v in rows {
-        match serde_json::from_slice::<WindowAgg>(v) {
+        match crate::steps::encoding::decode_window(v) {
             Ok(w) => s.windows.push(w),
             Err(e) => {
                 return raw(

@@ -1,10 +1,10 @@
 //! The aggregate step's accumulators and the state it stores per group key.
 //!
 //! Owns: [`Acc`] (one field's running value: add, session merge, result), the field
-//! kinds, and [`AggState`]/[`WindowAgg`], the JSON an aggregate store holds (the queries
-//! read it too, so its serde shape is a stored format: change it only compatibly). Must
-//! not touch: windows' timing rules (`window.rs`) or the store (`aggregate.rs` loads and
-//! saves).
+//! kinds, and [`AggState`]/[`WindowAgg`], what an aggregate store holds. Their serde
+//! shape is the JSON store encoding, which stores written before the binary one still
+//! hold (`encoding.rs` reads and writes both): change it only compatibly. Must not touch:
+//! windows' timing rules (`window.rs`) or the store (`aggregate.rs` loads and saves).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};

@@ -11,7 +11,7 @@ use serde_json::{Value as Json, json};
 
 use super::accumulators::{Acc, AggKind, AggState, WindowAgg};
 use super::window::{Window, WindowRules, Windows};
-use super::{CompileError, advance_stream_time, input, keys};
+use super::{CompileError, advance_stream_time, encoding, input, keys};
 use crate::expr::Expr;
 use crate::processor::{Context, Processor, Record, StepError};
 
@@ -101,18 +101,14 @@ impl Aggregate {
     /// An unwindowed aggregate's state of `group`.
     fn load(&self, ctx: &Context<'_>, group: &str) -> Result<AggState, StepError> {
         match ctx.get(&self.store, &keys::aggregate_key(group))? {
-            Some(b) => serde_json::from_slice(&b).map_err(|e| {
-                StepError::Record(format!(
-                    "failed to decode aggregate state of {group:?}: {e}"
-                ))
-            }),
+            Some(b) => encoding::decode_state(&b)
+                .map_err(|e| self.undecodable(format!("the state of group {group:?}"), e)),
             None => Ok(AggState::default()),
         }
     }
 
     fn save(&self, ctx: &mut Context<'_>, group: &str, s: &AggState) {
-        // Serializing plain data into a Vec cannot fail.
-        let bytes = serde_json::to_vec(s).unwrap_or_default();
+        let bytes = encoding::encode_state(s, ctx.store_encoding());
         ctx.put(&self.store, &keys::aggregate_key(group), bytes);
     }
 
@@ -120,16 +116,23 @@ impl Aggregate {
     fn get_window(&self, ctx: &Context<'_>, key: &[u8]) -> Result<Option<WindowAgg>, StepError> {
         ctx.get(&self.store, key)?
             .map(|b| {
-                serde_json::from_slice(&b).map_err(|e| {
-                    StepError::Record(format!("failed to decode a window of the aggregate: {e}"))
-                })
+                encoding::decode_window(&b).map_err(|e| self.undecodable("a window".into(), e))
             })
             .transpose()
     }
 
     fn put_window(&self, ctx: &mut Context<'_>, key: &[u8], w: &WindowAgg) {
-        let bytes = serde_json::to_vec(w).unwrap_or_default();
+        let bytes = encoding::encode_window(w, ctx.store_encoding());
         ctx.put(&self.store, key, bytes);
+    }
+
+    /// State the task cannot go on without: it stops (`StoreError::Decode`).
+    fn undecodable(&self, what: String, source: encoding::DecodeError) -> StepError {
+        StepError::State(crate::store::StoreError::Decode {
+            store: self.store.0.clone(),
+            what,
+            source,
+        })
     }
 
     /// Every window row of `group`, in start order: (row key, window).
@@ -146,9 +149,8 @@ impl Aggregate {
             let rows = ctx.range(&self.store, &from, &end, DUE_BATCH)?;
             let full = rows.len() == DUE_BATCH;
             for (k, v) in rows {
-                let w = serde_json::from_slice(&v).map_err(|e| {
-                    StepError::Record(format!("failed to decode a window of {group:?}: {e}"))
-                })?;
+                let w = encoding::decode_window(&v)
+                    .map_err(|e| self.undecodable(format!("a window of group {group:?}"), e))?;
                 from = [k.as_slice(), &[0]].concat();
                 out.push((k, w));
             }
@@ -322,7 +324,7 @@ impl Aggregate {
         let mut stale = Vec::new();
         ctx.scan(&self.store, &mut |k, v| {
             if let Some(g) = keys::user_key(k) {
-                if let Ok(s) = serde_json::from_slice::<AggState>(v) {
+                if let Ok(s) = encoding::decode_state(v) {
                     groups.push((String::from_utf8_lossy(g).into_owned(), s));
                 }
                 stale.push(k.to_vec());

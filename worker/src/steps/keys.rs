@@ -4,8 +4,9 @@
 //!
 //! Store layouts (keys are bytes in the step's column family):
 //! - dedupe: `k<id>` → first-seen event time (8 bytes, big-endian).
-//! - aggregate without a window: `k<group key>` → JSON [`AggState`] (one window).
-//! - windowed aggregate: `w<group key>\0<start><end>` → JSON [`WindowAgg`], one row per
+//! - aggregate without a window: `k<group key>` → [`AggState`] (one window), encoded by
+//!   [`super::encoding`] (JSON or binary).
+//! - windowed aggregate: `w<group key>\0<start><end>` → [`WindowAgg`] (`encoding`), one row per
 //!   window (`start`, `end` as 8 order-preserving bytes), so a record rewrites only its
 //!   windows and a key's stored value does not grow with its windows; and
 //!   `t<due><group key>\0<start><end>` → empty, one per window: when it closes or

@@ -16,6 +16,7 @@ mod accumulators;
 mod aggregate;
 mod batch;
 mod dedupe;
+pub mod encoding;
 mod filter;
 mod join;
 pub mod keys;

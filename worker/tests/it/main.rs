@@ -20,5 +20,6 @@ mod queries_answer_every_key_from_every_worker;
 mod records_too_large_to_produce_become_dead_letters;
 mod restore_tail_and_full;
 mod seed000_failed_step_leaves_no_dedupe_mark;
+mod store_encodings;
 mod tables_joins_and_outputs;
 mod windows_match_a_model;
