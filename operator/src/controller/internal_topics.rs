@@ -172,46 +172,8 @@ pub async fn reconcile(
         let plan = topics::plan(w, a, policy);
         let mut st = topics::topic_status(w, a, &plan);
         for action in &plan.actions {
-            match action {
-                TopicAction::None => {}
-                TopicAction::Create => {
-                    admin.create(w).await?;
-                    st.message = Some("created".into());
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        EventReason::TopicCreated.as_str(),
-                        format!("created topic {} with {} partitions", w.name, w.partitions),
-                    )
-                    .await;
-                }
-                TopicAction::AddPartitions(n) => {
-                    admin.add_partitions(&w.name, *n).await?;
-                    st.message = Some(format!("grown to {n} partitions"));
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        EventReason::TopicPartitionsAdded.as_str(),
-                        format!("topic {} grown to {n} partitions", w.name),
-                    )
-                    .await;
-                }
-                TopicAction::AlterConfigs(cfg) => {
-                    admin.alter_configs(&w.name, cfg).await?;
-                    let what = cfg
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    st.message = Some(format!("corrected {what}"));
-                    ctx.event(
-                        app,
-                        EventType::Normal,
-                        EventReason::TopicConfigCorrected.as_str(),
-                        format!("topic {}: set {what}", w.name),
-                    )
-                    .await;
-                }
+            if let Some(message) = carry_out(app, admin, w, action, ctx).await? {
+                st.message = Some(message);
             }
         }
         statuses.push(st);
@@ -220,4 +182,50 @@ pub async fn reconcile(
         statuses,
         not_owned,
     })
+}
+
+/// Creates, grows or corrects one topic as planned, with an event; what it did, for the
+/// topic's status message.
+async fn carry_out(
+    app: &StreamApp,
+    admin: &topics::KafkaAdmin,
+    w: &topics::WantedTopic,
+    action: &TopicAction,
+    ctx: &Context,
+) -> Result<Option<String>, Error> {
+    let (reason, event, message) = match action {
+        TopicAction::None => return Ok(None),
+        TopicAction::Create => {
+            admin.create(w).await?;
+            (
+                EventReason::TopicCreated,
+                format!("created topic {} with {} partitions", w.name, w.partitions),
+                "created".to_string(),
+            )
+        }
+        TopicAction::AddPartitions(n) => {
+            admin.add_partitions(&w.name, *n).await?;
+            (
+                EventReason::TopicPartitionsAdded,
+                format!("topic {} grown to {n} partitions", w.name),
+                format!("grown to {n} partitions"),
+            )
+        }
+        TopicAction::AlterConfigs(cfg) => {
+            admin.alter_configs(&w.name, cfg).await?;
+            let what = cfg
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            (
+                EventReason::TopicConfigCorrected,
+                format!("topic {}: set {what}", w.name),
+                format!("corrected {what}"),
+            )
+        }
+    };
+    ctx.event(app, EventType::Normal, reason.as_str(), event)
+        .await;
+    Ok(Some(message))
 }

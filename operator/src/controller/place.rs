@@ -43,24 +43,7 @@ pub(super) fn place(
     resetting: bool,
     problems: &mut Problems,
 ) -> Placed {
-    let ns = app.namespace().unwrap_or_default();
-    // The pods' own reports (their Leases), not status.instances: that is only the
-    // operator's aggregate of them, written on a bounded schedule.
-    let mut reports = ctx
-        .reports
-        .get()
-        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
-        .unwrap_or_default();
-    // Judged by this operator's clock, not the pods' (see `Renewals`).
-    let seen_at = std::time::Instant::now();
-    crate::reports::judged_locally(
-        &mut reports,
-        |pod| {
-            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
-            ctx.renewals.age(&key, seen_at)
-        },
-        Timestamp::now(),
-    );
+    let reports = reports(app, ctx);
     let reported: Vec<oxbow_crds::InstanceStatus> =
         reports.values().map(|r| r.entry.clone()).collect();
     let observed: Vec<PodObservation> = obs
@@ -80,32 +63,8 @@ pub(super) fn place(
         tracing::warn!(configmap = %app.assignment_config_map_name(), %why, "ignoring an unreadable assignment");
         None
     });
-    // The task count in force: it fixes which keys each task's state holds. A source that
-    // gained partitions would move keys to tasks that start empty: stall instead.
     let published_tasks = published.as_ref().and_then(published_task_count);
-    if let (Some(n), Some(had), None) = (tasks, published_tasks, &problems.source)
-        && n != had
-    {
-        problems.source = Some(Verdict::stalled(
-            reason::SOURCE_PARTITIONS_CHANGED,
-            format!(
-                "the source topics have {n} partitions but the app's state is split into {had} tasks: records of a key would go to a task that does not hold its state. Either restore {had} partitions (re-create the source topics), or start over with the new partitioning under a new StreamApp (another applicationId; it reprocesses the sources), then delete this one"
-            ),
-        ));
-    }
-    // Without the source metadata (Kafka or its Secret unreachable, or the partitions
-    // changed), placement goes on with the published task count: a dead pod's tasks
-    // still fail over.
-    let place_tasks = match &problems.source {
-        None => tasks.or(published_tasks),
-        Some(p)
-            if p.reason == reason::SOURCE_PARTITIONS_CHANGED
-                || p.reason == reason::KAFKA_SECRET_MISSING =>
-        {
-            published_tasks
-        }
-        Some(_) => None,
-    };
+    let place_tasks = task_count(tasks, published_tasks, problems);
     let plan: Option<Plan> = match place_tasks {
         Some(n) if problems.invalid.is_none() => Some(placement::plan(
             published.as_ref(),
@@ -141,6 +100,60 @@ pub(super) fn place(
         published,
         plan,
         sts_replicas,
+    }
+}
+
+/// The pods' own reports (their Leases), not status.instances: that is only the
+/// operator's aggregate of them, written on a bounded schedule. Judged by this
+/// operator's clock, not the pods' (see `Renewals`).
+fn reports(app: &StreamApp, ctx: &Context) -> BTreeMap<String, oxbow_crds::report::Report> {
+    let ns = app.namespace().unwrap_or_default();
+    let mut reports = ctx
+        .reports
+        .get()
+        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
+        .unwrap_or_default();
+    let seen_at = std::time::Instant::now();
+    crate::reports::judged_locally(
+        &mut reports,
+        |pod| {
+            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
+            ctx.renewals.age(&key, seen_at)
+        },
+        Timestamp::now(),
+    );
+    reports
+}
+
+/// The task count to place: the sources' (`tasks`), stalling the app when it differs
+/// from the published one, since it fixes which keys each task's state holds (a source
+/// that gained partitions would move keys to tasks that start empty). Without the
+/// source metadata (Kafka or its Secret unreachable, or the partitions changed),
+/// placement goes on with the published count: a dead pod's tasks still fail over.
+fn task_count(
+    tasks: Option<i32>,
+    published_tasks: Option<i32>,
+    problems: &mut Problems,
+) -> Option<i32> {
+    if let (Some(n), Some(had), None) = (tasks, published_tasks, &problems.source)
+        && n != had
+    {
+        problems.source = Some(Verdict::stalled(
+            reason::SOURCE_PARTITIONS_CHANGED,
+            format!(
+                "the source topics have {n} partitions but the app's state is split into {had} tasks: records of a key would go to a task that does not hold its state. Either restore {had} partitions (re-create the source topics), or start over with the new partitioning under a new StreamApp (another applicationId; it reprocesses the sources), then delete this one"
+            ),
+        ));
+    }
+    match &problems.source {
+        None => tasks.or(published_tasks),
+        Some(p)
+            if p.reason == reason::SOURCE_PARTITIONS_CHANGED
+                || p.reason == reason::KAFKA_SECRET_MISSING =>
+        {
+            published_tasks
+        }
+        Some(_) => None,
     }
 }
 

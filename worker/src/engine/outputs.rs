@@ -163,7 +163,7 @@ pub(super) fn send_outputs(
     out: &[Output],
     from: Option<(&str, i32, i64)>,
 ) -> Result<Option<String>, EngineError> {
-    let (sink, dlq, limits, policy) = (s.sink, s.dlq, s.limits, s.policy);
+    let (sink, dlq, limits) = (s.sink, s.dlq, s.limits);
     let mut done = Sent::default();
     let mut index = 0u32;
     // The origin header's text: records borrow their headers.
@@ -231,29 +231,53 @@ pub(super) fn send_outputs(
             done.sent += 1;
             continue;
         };
-        match oversize::too_large(policy, record.topic, size, limits.of(record.topic)) {
-            TooLarge::DeadLetter(mut headers) => {
-                if let Some((t, partition, offset)) = from {
-                    headers.push(("oxbow.topic", t.into()));
-                    headers.push(("oxbow.partition", partition.to_string()));
-                    headers.push(("oxbow.offset", offset.to_string()));
-                }
-                if let Some(topic) = dlq {
-                    send_dead_letter(p, limits, topic, record.key, record.value, &headers)?;
-                }
-                tracing::warn!(task = %id, topic = record.topic, size, "an output too large to produce was dead-lettered");
-                done.diverted += 1;
-            }
-            TooLarge::Skip(why) => {
-                tracing::warn!(task = %id, error = %why, "skipping an output too large to produce");
-                done.skipped += 1;
-            }
-            TooLarge::Fail(why) => {
-                done.failed = Some(why);
-                break;
-            }
+        if too_large(s, p, id, &record, size, from, &mut done)? {
+            break;
         }
     }
+    count(s, id, &done);
+    Ok(done.failed)
+}
+
+/// An output too large to produce, handled as the error policy says: dead-lettered
+/// (with its origin under at-least-once), skipped, or failing the task (`true`: send
+/// nothing more).
+fn too_large(
+    s: &Sender<'_>,
+    p: &KProducer,
+    id: TaskId,
+    record: &Record<'_>,
+    size: usize,
+    from: Option<(&str, i32, i64)>,
+    done: &mut Sent,
+) -> Result<bool, EngineError> {
+    match oversize::too_large(s.policy, record.topic, size, s.limits.of(record.topic)) {
+        TooLarge::DeadLetter(mut headers) => {
+            if let Some((t, partition, offset)) = from {
+                headers.push(("oxbow.topic", t.into()));
+                headers.push(("oxbow.partition", partition.to_string()));
+                headers.push(("oxbow.offset", offset.to_string()));
+            }
+            if let Some(topic) = s.dlq {
+                send_dead_letter(p, s.limits, topic, record.key, record.value, &headers)?;
+            }
+            tracing::warn!(task = %id, topic = record.topic, size, "an output too large to produce was dead-lettered");
+            done.diverted += 1;
+        }
+        TooLarge::Skip(why) => {
+            tracing::warn!(task = %id, error = %why, "skipping an output too large to produce");
+            done.skipped += 1;
+        }
+        TooLarge::Fail(why) => {
+            done.failed = Some(why);
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// What a task's outputs did, into the metrics and its status entry.
+fn count(s: &Sender<'_>, id: TaskId, done: &Sent) {
     let label = task_label(id);
     METRICS.records_out.get_or_create(&label).inc_by(done.sent);
     if done.diverted > 0 {
@@ -267,5 +291,4 @@ pub(super) fn send_outputs(
         METRICS.skipped.get_or_create(&label).inc_by(done.skipped);
         s.shared.task(id, |t| t.skipped += done.skipped);
     }
-    Ok(done.failed)
 }
