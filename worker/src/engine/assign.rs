@@ -374,10 +374,8 @@ impl Engine {
         if !task.marks.is_empty() {
             tracing::info!(task = %id, marks = ?task.marks, "resuming with replay marks");
         }
-        task.init(&self.env).map_err(|e| EngineError::Init {
-            task: id,
-            message: e.to_string(),
-        })?;
+        task.init(&self.env)
+            .map_err(|source| EngineError::Init { task: id, source })?;
         // Running once every task of the batch is restored (apply_desired).
         self.shared.task(id, |t| {
             t.state_lag = Some(0);
@@ -442,10 +440,13 @@ impl Engine {
         }
         self.shared.remove_task(id);
         tracing::info!(task = %id, "released active task");
-        let task = self.tasks.remove(&id).ok_or_else(|| EngineError::Init {
-            task: id,
-            message: "released a task that was not active".into(),
-        })?;
+        let task = self
+            .tasks
+            .remove(&id)
+            .ok_or_else(|| EngineError::Inconsistent {
+                task: id,
+                what: "released a task that was not active",
+            })?;
         crate::metrics::forget_task(id, task.db.stores());
         Ok(task.db)
     }

@@ -117,9 +117,9 @@ impl Engine {
         let gm = self
             .consumer
             .group_metadata()
-            .ok_or_else(|| EngineError::Init {
+            .ok_or_else(|| EngineError::Inconsistent {
                 task: any,
-                message: "the consumer has no group metadata".into(),
+                what: "the consumer has no group metadata",
             })?;
         let Producers::Transactional(m) = &mut self.producers else {
             return Ok(());
@@ -356,7 +356,7 @@ pub(super) fn end_transactions(
 /// its task naming `what` it was doing.
 pub(super) fn side_by_side<I: Send, R: Send>(
     items: Vec<(TaskId, I)>,
-    what: &str,
+    what: &'static str,
     f: impl Fn(TaskId, I) -> Result<R, EngineError> + Sync,
 ) -> Vec<(TaskId, Result<R, EngineError>)> {
     if items.len() <= 1 {
@@ -371,12 +371,9 @@ pub(super) fn side_by_side<I: Send, R: Send>(
         handles
             .into_iter()
             .map(|(id, h)| {
-                let r = h.join().unwrap_or_else(|_| {
-                    Err(EngineError::Init {
-                        task: id,
-                        message: format!("the thread {what} panicked"),
-                    })
-                });
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(EngineError::Panicked { task: id, what }));
                 (id, r)
             })
             .collect()

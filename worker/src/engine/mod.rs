@@ -117,8 +117,24 @@ pub enum EngineError {
     AssignPartitions(KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("failed to create topic {topic}: {message}")]
-    CreateTopic { topic: String, message: String },
+    #[error("failed to create topic {topic}: {source}")]
+    CreateTopic {
+        topic: String,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    #[error(
+        "failed to use topic {topic}: it exists with {partitions} partitions; the app has {tasks} tasks and needs at least that many"
+    )]
+    TopicTooSmall {
+        topic: String,
+        partitions: usize,
+        tasks: i32,
+    },
+    #[error(
+        "failed to find topic(s) {topics}: the operator has not created them in {waited_secs}s; see the StreamApp's TopicsReady condition"
+    )]
+    OperatorTopicsMissing { topics: String, waited_secs: u64 },
     #[error(
         "failed to find the sink topic {0}: it does not exist (create it; Oxbow never creates or deletes sink topics)"
     )]
@@ -129,14 +145,23 @@ pub enum EngineError {
     /// Asked to stop while starting tasks (SIGTERM during a restore): not a failure.
     #[error("stopped while starting tasks")]
     Stopped,
-    #[error("failed to initialise task {task}: {message}")]
-    Init { task: TaskId, message: String },
+    #[error("failed to initialise task {task}: {source}")]
+    Init {
+        task: TaskId,
+        #[source]
+        source: crate::processor::StepError,
+    },
+    /// The engine's own bookkeeping disagrees with itself: a bug, reported not hidden.
+    #[error("task {task}: {what}")]
+    Inconsistent { task: TaskId, what: &'static str },
+    #[error("task {task}: the thread {what} panicked")]
+    Panicked { task: TaskId, what: &'static str },
     #[error(
         "failed to find the topic {0} of a table: it does not exist (Oxbow never creates table topics)"
     )]
     TableMissing(String),
     #[error("failed to start: {0}")]
-    Invalid(String),
+    Invalid(#[source] oxbow_crds::validate::ValidationError),
     /// At-least-once: no report write reached the API server for longer than the
     /// lease, so another pod may be about to take this pod's tasks.
     #[error(
@@ -453,7 +478,7 @@ fn check_tables(
     }
     let errors = oxbow_crds::validate::join_partitions(&app.manifest.spec, task_count, &counts);
     match errors.first() {
-        Some(e) => Err(EngineError::Invalid(e.to_string())),
+        Some(e) => Err(EngineError::Invalid(e.clone())),
         None => Ok(()),
     }
 }

@@ -136,9 +136,9 @@ impl Engine {
                 (Some(p), _) => TaskProducer::Shared(p),
                 (None, Some(e)) => TaskProducer::Transactional(e),
                 (None, None) => {
-                    return Err(EngineError::Init {
+                    return Err(EngineError::Inconsistent {
                         task: *id,
-                        message: "no producer for task".into(),
+                        what: "no producer for task",
                     });
                 }
             };

@@ -406,9 +406,9 @@ impl Engine {
         match &mut self.producers {
             Producers::Shared(p) => Ok(p),
             Producers::Transactional(m) => {
-                let (p, in_txn) = m.get_mut(&id).ok_or_else(|| EngineError::Init {
+                let (p, in_txn) = m.get_mut(&id).ok_or_else(|| EngineError::Inconsistent {
                     task: id,
-                    message: "no producer for task".into(),
+                    what: "no producer for task",
                 })?;
                 if !*in_txn {
                     p.begin_transaction()

@@ -125,10 +125,13 @@ impl Engine {
             dbs.remove(&id);
         }
         self.shared.remove_task(id);
-        let sb = self.standbys.remove(&id).ok_or_else(|| EngineError::Init {
-            task: id,
-            message: "closed a standby that was not open".into(),
-        })?;
+        let sb = self
+            .standbys
+            .remove(&id)
+            .ok_or_else(|| EngineError::Inconsistent {
+                task: id,
+                what: "closed a standby that was not open",
+            })?;
         crate::metrics::forget_task(id, sb.db.stores());
         Ok(sb.db)
     }

@@ -103,8 +103,6 @@ pub(super) fn ensure_topics(
     stores: &[StoreName],
     coordinated: bool,
 ) -> Result<(), EngineError> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
     let spec_topics = oxbow_crds::topics::wanted_topics(&app.manifest, tasks);
     if coordinated {
         wait_for_operator_topics(consumer, &spec_topics)?;
@@ -114,23 +112,7 @@ pub(super) fn ensure_topics(
     } else {
         spec_topics.clone()
     };
-    // Stores of custom processors are not in the spec: same defaults as built-in ones.
-    for s in stores.iter().filter(|s| !app.is_table_store(s)) {
-        let name = changelog_topic(&app.application_id, s);
-        if !wanted.iter().chain(&spec_topics).any(|w| w.name == name)
-            && let Some(template) = spec_topics
-                .iter()
-                .find(|w| w.role == oxbow_crds::topics::Role::Changelog)
-                .cloned()
-                .or_else(|| oxbow_crds::topics::changelog_defaults(tasks))
-        {
-            wanted.push(oxbow_crds::topics::WantedTopic {
-                name,
-                store: Some(s.0.clone()),
-                ..template
-            });
-        }
-    }
+    wanted.extend(custom_changelogs(app, tasks, stores, &spec_topics));
     let mut missing = Vec::new();
     for w in &wanted {
         let md = consumer
@@ -142,12 +124,10 @@ pub(super) fn ensure_topics(
             .find(|t| t.name() == w.name && t.error().is_none())
         {
             Some(t) if (t.partitions().len() as i32) < tasks => {
-                return Err(EngineError::CreateTopic {
+                return Err(EngineError::TopicTooSmall {
                     topic: w.name.clone(),
-                    message: format!(
-                        "it exists with {} partitions; the app has {tasks} tasks and needs at least that many",
-                        t.partitions().len()
-                    ),
+                    partitions: t.partitions().len(),
+                    tasks,
                 });
             }
             Some(_) => {}
@@ -157,6 +137,45 @@ pub(super) fn ensure_topics(
     if missing.is_empty() {
         return Ok(());
     }
+    create_topics(app, &missing)
+}
+
+/// The changelogs of custom processors' stores, which the spec does not name: with the
+/// built-in changelogs' settings.
+fn custom_changelogs(
+    app: &App,
+    tasks: i32,
+    stores: &[StoreName],
+    spec_topics: &[oxbow_crds::topics::WantedTopic],
+) -> Vec<oxbow_crds::topics::WantedTopic> {
+    let mut out: Vec<oxbow_crds::topics::WantedTopic> = Vec::new();
+    for s in stores.iter().filter(|s| !app.is_table_store(s)) {
+        let name = changelog_topic(&app.application_id, s);
+        if !out.iter().chain(spec_topics).any(|w| w.name == name)
+            && let Some(template) = spec_topics
+                .iter()
+                .find(|w| w.role == oxbow_crds::topics::Role::Changelog)
+                .cloned()
+                .or_else(|| oxbow_crds::topics::changelog_defaults(tasks))
+        {
+            out.push(oxbow_crds::topics::WantedTopic {
+                name,
+                store: Some(s.0.clone()),
+                ..template
+            });
+        }
+    }
+    out
+}
+
+/// Creates `missing` (standalone: no operator does); one another instance created
+/// first is fine.
+fn create_topics(
+    app: &App,
+    missing: &[&oxbow_crds::topics::WantedTopic],
+) -> Result<(), EngineError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> =
         base_config(app)
             .create()
@@ -179,13 +198,16 @@ pub(super) fn ensure_topics(
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(KAFKA_TIMEOUT));
-    let results =
-        futures::executor::block_on(admin.create_topics(topics.iter(), &opts)).map_err(|e| {
-            EngineError::CreateTopic {
-                topic: "*".into(),
-                message: e.to_string(),
-            }
-        })?;
+    let results = futures::executor::block_on(admin.create_topics(topics.iter(), &opts)).map_err(
+        |source| EngineError::CreateTopic {
+            topic: missing
+                .iter()
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            source,
+        },
+    )?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "created topic"),
@@ -194,7 +216,7 @@ pub(super) fn ensure_topics(
             Err((topic, code)) => {
                 return Err(EngineError::CreateTopic {
                     topic,
-                    message: code.to_string(),
+                    source: rdkafka::error::KafkaError::AdminOp(code),
                 });
             }
         }
@@ -227,12 +249,9 @@ fn wait_for_operator_topics(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(EngineError::CreateTopic {
-                topic: missing.join(", "),
-                message: format!(
-                    "the operator has not created it in {}s; see the StreamApp's TopicsReady condition",
-                    OPERATOR_TOPICS_WAIT.as_secs()
-                ),
+            return Err(EngineError::OperatorTopicsMissing {
+                topics: missing.join(", "),
+                waited_secs: OPERATOR_TOPICS_WAIT.as_secs(),
             });
         }
         if !logged {
