@@ -42,27 +42,7 @@ pub use processor::{Context, Processor, ProcessorFactory, Record, StepError};
 /// Runs an app until SIGTERM/SIGINT, serving HTTP on `listen`.
 pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Result<()> {
     let app = Arc::new(app);
-    let shared = Arc::new(status::Shared::default());
-    shared.liveness.set_timeout(opts.liveness_timeout);
-    // Standalone `--peers`: where instance N serves queries, for forwarding.
-    if let Ok(mut r) = shared.routing.write() {
-        r.addresses.extend(
-            opts.peers
-                .iter()
-                .enumerate()
-                .map(|(i, a)| (format!("instance-{i}"), a.clone())),
-        );
-    }
-    shared.update(|s| {
-        s.application_id = app.application_id.clone();
-        s.instance = opts.instance;
-        s.instances = opts.instances;
-        s.guarantee = match app.guarantee {
-            oxbow_crds::ProcessingGuarantee::ExactlyOnce => "exactly_once".into(),
-            oxbow_crds::ProcessingGuarantee::AtLeastOnce => "at_least_once".into(),
-        };
-        s.state = oxbow_crds::WorkerState::Starting;
-    });
+    let shared = initial_status(&app, &opts);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -94,23 +74,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
             }
         });
     }
-    {
-        let shared = shared.clone();
-        rt.spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: finishing the current unit of work"),
-                _ = int.recv() => tracing::info!("SIGINT: finishing the current unit of work"),
-            }
-            shared.stop();
-        });
-    }
+    rt.spawn(stop_on_signal(shared.clone()));
     let opts_coordination = opts.coordination.clone();
     let engine_shared = shared.clone();
     // The engine is synchronous (librdkafka and RocksDB calls block); it gets its own
@@ -146,6 +110,48 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
     }
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result
+}
+
+/// The worker's status before the engine starts: who it is, its peers' addresses
+/// (standalone `--peers`, for forwarding queries), Starting.
+fn initial_status(app: &App, opts: &RunOptions) -> Arc<status::Shared> {
+    let shared = Arc::new(status::Shared::default());
+    shared.liveness.set_timeout(opts.liveness_timeout);
+    if let Ok(mut r) = shared.routing.write() {
+        r.addresses.extend(
+            opts.peers
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("instance-{i}"), a.clone())),
+        );
+    }
+    shared.update(|s| {
+        s.application_id = app.application_id.clone();
+        s.instance = opts.instance;
+        s.instances = opts.instances;
+        s.guarantee = match app.guarantee {
+            oxbow_crds::ProcessingGuarantee::ExactlyOnce => "exactly_once".into(),
+            oxbow_crds::ProcessingGuarantee::AtLeastOnce => "at_least_once".into(),
+        };
+        s.state = oxbow_crds::WorkerState::Starting;
+    });
+    shared
+}
+
+/// SIGTERM or SIGINT: the engine finishes its unit of work and stops.
+async fn stop_on_signal(shared: Arc<status::Shared>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: finishing the current unit of work"),
+        _ = int.recv() => tracing::info!("SIGINT: finishing the current unit of work"),
+    }
+    shared.stop();
 }
 
 /// Like [`run`], with extra processors appended after the spec's steps (before the sink).

@@ -104,51 +104,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             }
         };
     }
-    // The workers' report Leases: kept in a store for reconcile, and a reconcile only
-    // when what a report says changes, not on every renewal.
-    let (report_reader, report_writer) = reflector::store::<Lease>();
-    let _ = ctx.reports.set(report_reader);
-    let renewals = ctx.clone();
-    let report_changes = watcher(
-        api!(Lease),
-        watcher::Config::default().labels(oxbow_crds::report::REPORT_OF_LABEL),
-    )
-    .default_backoff()
-    .inspect(move |ev| {
-        let note = |l: &Lease, deleted: bool| {
-            let key = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
-            let renew = l
-                .spec
-                .as_ref()
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0.to_string());
-            renewals
-                .renewals
-                .observe(key, renew, deleted, std::time::Instant::now());
-        };
-        match ev {
-            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => note(l, false),
-            Ok(watcher::Event::Delete(l)) => note(l, true),
-            _ => {}
-        }
-    })
-    .reflect(report_writer)
-    .touched_objects()
-    .predicate_filter(crate::reports::relevant, Default::default());
-    // The worker pods: kept in a store for reconcile (without their managed fields, which
-    // are most of a pod's size), and a reconcile of their app on each change.
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let _ = ctx.pods.set(pod_reader);
-    let pods = watcher(
-        api!(Pod),
-        watcher::Config::default().labels(
-            "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
-        ),
-    )
-    .default_backoff()
-    .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
-    .reflect(pod_writer)
-    .touched_objects();
+    let report_changes = report_changes(&ctx, api!(Lease));
+    let pods = worker_pods(&ctx, api!(Pod));
     Controller::for_stream(stream, reader)
         .with_config(controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(observed(api!(StatefulSet), children.clone(), &ctx))
@@ -183,6 +140,64 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             }
         })
         .await;
+}
+
+/// The workers' report Leases: kept in a store for reconcile (with each renewal noted
+/// by this operator's clock), and a reconcile only when what a report says changes,
+/// not on every renewal.
+fn report_changes(
+    ctx: &Arc<Context>,
+    api: Api<Lease>,
+) -> impl futures::Stream<Item = Result<Lease, watcher::Error>> + Send + 'static {
+    let (report_reader, report_writer) = reflector::store::<Lease>();
+    let _ = ctx.reports.set(report_reader);
+    let renewals = ctx.clone();
+    watcher(
+        api,
+        watcher::Config::default().labels(oxbow_crds::report::REPORT_OF_LABEL),
+    )
+    .default_backoff()
+    .inspect(move |ev| {
+        let note = |l: &Lease, deleted: bool| {
+            let key = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
+            let renew = l
+                .spec
+                .as_ref()
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string());
+            renewals
+                .renewals
+                .observe(key, renew, deleted, std::time::Instant::now());
+        };
+        match ev {
+            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => note(l, false),
+            Ok(watcher::Event::Delete(l)) => note(l, true),
+            _ => {}
+        }
+    })
+    .reflect(report_writer)
+    .touched_objects()
+    .predicate_filter(crate::reports::relevant, Default::default())
+}
+
+/// The worker pods: kept in a store for reconcile (without their managed fields, which
+/// are most of a pod's size), and a reconcile of their app on each change.
+fn worker_pods(
+    ctx: &Arc<Context>,
+    api: Api<Pod>,
+) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let _ = ctx.pods.set(pod_reader);
+    watcher(
+        api,
+        watcher::Config::default().labels(
+            "app.kubernetes.io/managed-by=oxbow-operator,app.kubernetes.io/component=worker",
+        ),
+    )
+    .default_backoff()
+    .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+    .reflect(pod_writer)
+    .touched_objects()
 }
 
 #[cfg(test)]
