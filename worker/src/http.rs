@@ -63,50 +63,12 @@ pub fn routes(
     let s2 = shared.clone();
     let s3 = shared;
     let healthz = warp::path!("healthz").map(move || {
-        use crate::liveness::Verdict;
-        if s1.snapshot().is_none() {
-            return warp::reply::with_status(
-                "engine state poisoned".to_string(),
-                StatusCode::INTERNAL_SERVER_ERROR,
-            );
-        }
-        match s1.liveness.verdict() {
-            Verdict::NotStarted | Verdict::Alive => {
-                warp::reply::with_status("ok".to_string(), StatusCode::OK)
-            }
-            Verdict::Wedged { silent } => warp::reply::with_status(
-                format!(
-                    "the processing loop has made no progress for {}s (liveness timeout {}s)",
-                    silent.as_secs(),
-                    s1.liveness.timeout().as_secs()
-                ),
-                StatusCode::SERVICE_UNAVAILABLE,
-            ),
-        }
+        let (body, code) = liveness(&s1);
+        warp::reply::with_status(body, code)
     });
     let readyz = warp::path!("readyz").map(move || {
-        if s2.ready() {
-            warp::reply::with_status("ready".to_string(), StatusCode::OK)
-        } else {
-            let why = s2
-                .snapshot()
-                .map(|s| {
-                    let waiting: Vec<String> = s
-                        .tasks
-                        .iter()
-                        .filter(|t| t.state != crate::status::TaskState::Running)
-                        .map(|t| format!("task {} {:?}", t.task, t.state))
-                        .chain(
-                            s.waiting_for_release
-                                .iter()
-                                .map(|t| format!("task {t} waits for its previous owner")),
-                        )
-                        .collect();
-                    format!("not ready: worker {}; {}", s.state, waiting.join(", "))
-                })
-                .unwrap_or_else(|| "not ready: engine state poisoned".into());
-            warp::reply::with_status(why, StatusCode::SERVICE_UNAVAILABLE)
-        }
+        let (body, code) = readiness(&s2);
+        warp::reply::with_status(body, code)
     });
     // Served on its own port when there is one: not found here then.
     let metrics = warp::path!("metrics")
@@ -178,6 +140,53 @@ pub fn routes(
     warp::get()
         .and(healthz.or(readyz).or(metrics).or(status).or(key).or(range))
         .recover(refused)
+}
+
+/// `/healthz`: fails only when the processing loop is wedged (or its state poisoned).
+fn liveness(s: &Shared) -> (String, StatusCode) {
+    use crate::liveness::Verdict;
+    if s.snapshot().is_none() {
+        return (
+            "engine state poisoned".to_string(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+        );
+    }
+    match s.liveness.verdict() {
+        Verdict::NotStarted | Verdict::Alive => ("ok".to_string(), StatusCode::OK),
+        Verdict::Wedged { silent } => (
+            format!(
+                "the processing loop has made no progress for {}s (liveness timeout {}s)",
+                silent.as_secs(),
+                s.liveness.timeout().as_secs()
+            ),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    }
+}
+
+/// `/readyz`: ready once every task runs; otherwise what it waits for.
+fn readiness(s: &Shared) -> (String, StatusCode) {
+    if s.ready() {
+        return ("ready".to_string(), StatusCode::OK);
+    }
+    let why = s
+        .snapshot()
+        .map(|s| {
+            let waiting: Vec<String> = s
+                .tasks
+                .iter()
+                .filter(|t| t.state != crate::status::TaskState::Running)
+                .map(|t| format!("task {} {:?}", t.task, t.state))
+                .chain(
+                    s.waiting_for_release
+                        .iter()
+                        .map(|t| format!("task {t} waits for its previous owner")),
+                )
+                .collect();
+            format!("not ready: worker {}; {}", s.state, waiting.join(", "))
+        })
+        .unwrap_or_else(|| "not ready: engine state poisoned".into());
+    (why, StatusCode::SERVICE_UNAVAILABLE)
 }
 
 /// A query answer as HTTP: its status, the JSON body, and `Retry-After` when set.
