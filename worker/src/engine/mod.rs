@@ -306,17 +306,7 @@ impl Engine {
         if let Ok(mut r) = shared.routing.write() {
             r.task_count = task_count as u32;
         }
-        // Which stage reads a topic: the sources feed stage 0, each repartition topic
-        // the stage behind it.
-        let mut input_stage = HashMap::new();
-        for stage in &app.topology.stages {
-            for t in stage.input_topics(&app.manifest.spec) {
-                input_stage.insert(t, stage.index);
-            }
-            for (_, t) in &stage.tables {
-                input_stage.insert(t.clone(), stage.index);
-            }
-        }
+        let input_stage = input_stages(&app);
         if opts.coordination.is_none() {
             publish_standalone_tasks(&app, opts, &shared, task_count)?;
         } else {
@@ -324,42 +314,8 @@ impl Engine {
         }
 
         let tracker = Arc::new(Tracker::default());
-        let producers = match app.guarantee {
-            ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(&app, &tracker, None)?),
-            ProcessingGuarantee::ExactlyOnce => {
-                // Producers start with their tasks: a bad timeout fails the start, not
-                // the first assignment.
-                let timeout = transaction_timeout(&app)?;
-                tracing::info!(
-                    transaction_timeout_ms = timeout.as_millis() as u64,
-                    "exactly-once"
-                );
-                Producers::Transactional(BTreeMap::new())
-            }
-        };
-        let restore_consumer: BaseConsumer =
-            consumer_config(&app, true)
-                .create()
-                .map_err(|source| EngineError::CreateClient {
-                    what: "restore consumer",
-                    source,
-                })?;
-        let memory = SharedMemory::new(opts.memory_budget);
-        let metadata: BaseConsumer =
-            consumer_config(&app, false)
-                .create()
-                .map_err(|source| EngineError::CreateClient {
-                    what: "metadata",
-                    source,
-                })?;
-        // Global tables are whole before any task runs.
-        let lookups = Arc::new(lookups::WorkerLookups::bootstrap(
-            &app,
-            &restore_consumer,
-            metadata,
-            &opts.state_dir,
-            &memory,
-        )?);
+        let producers = producers(&app, &tracker)?;
+        let (restore_consumer, memory, lookups) = side_clients(&app, opts)?;
         if let Ok(mut g) = shared.globals.write() {
             *g = Some(lookups.clone());
         }
@@ -416,6 +372,69 @@ impl Engine {
         engine.poll_restore(true)?;
         Ok(engine)
     }
+}
+
+/// The restore consumer, the memory every task's RocksDB shares, and the global
+/// tables, whole before any task runs.
+fn side_clients(
+    app: &App,
+    opts: &RunOptions,
+) -> Result<(BaseConsumer, SharedMemory, Arc<lookups::WorkerLookups>), EngineError> {
+    let restore_consumer: BaseConsumer =
+        consumer_config(app, true)
+            .create()
+            .map_err(|source| EngineError::CreateClient {
+                what: "restore consumer",
+                source,
+            })?;
+    let memory = SharedMemory::new(opts.memory_budget);
+    let metadata: BaseConsumer =
+        consumer_config(app, false)
+            .create()
+            .map_err(|source| EngineError::CreateClient {
+                what: "metadata",
+                source,
+            })?;
+    let lookups = Arc::new(lookups::WorkerLookups::bootstrap(
+        app,
+        &restore_consumer,
+        metadata,
+        &opts.state_dir,
+        &memory,
+    )?);
+    Ok((restore_consumer, memory, lookups))
+}
+
+/// Which stage reads a topic: the sources feed stage 0, each repartition topic the
+/// stage behind it; a stage's tables feed it too.
+fn input_stages(app: &App) -> HashMap<String, u32> {
+    let mut input_stage = HashMap::new();
+    for stage in &app.topology.stages {
+        for t in stage.input_topics(&app.manifest.spec) {
+            input_stage.insert(t, stage.index);
+        }
+        for (_, t) in &stage.tables {
+            input_stage.insert(t.clone(), stage.index);
+        }
+    }
+    input_stage
+}
+
+/// At least once: one producer for every task. Exactly once: each task's transactional
+/// producer starts with the task, but a bad transaction timeout fails the start, not
+/// the first assignment.
+fn producers(app: &App, tracker: &Arc<Tracker>) -> Result<Producers, EngineError> {
+    Ok(match app.guarantee {
+        ProcessingGuarantee::AtLeastOnce => Producers::Shared(producer(app, tracker, None)?),
+        ProcessingGuarantee::ExactlyOnce => {
+            let timeout = transaction_timeout(app)?;
+            tracing::info!(
+                transaction_timeout_ms = timeout.as_millis() as u64,
+                "exactly-once"
+            );
+            Producers::Transactional(BTreeMap::new())
+        }
+    })
 }
 
 /// The app's task count per stage: the source topics' partition count (validated to be
