@@ -28,15 +28,14 @@ use oxbow_crds::{ProcessingGuarantee, TaskId};
 use rdkafka::message::Message;
 use rdkafka::producer::Producer;
 
-use super::kafka::{KProducer, MainConsumer, Producers, header, task_consumer};
+use super::kafka::{KProducer, MainConsumer, Producers, task_consumer};
 use super::outputs::{Sender, send_outputs};
-use super::replay::{ORIGIN_HEADER, Origin};
 use super::run::record_outcome;
 use super::{Engine, EngineError};
 use crate::config::App;
 use crate::expr::Env;
 use crate::metrics::{METRICS, task as task_label};
-use crate::task::{KEY_HEADER, Outcome, SourceMessage, Task};
+use crate::task::{Outcome, Task};
 
 /// The most records one thread polls and runs in a turn: at about 15 µs a record, a
 /// turn stays near 15 ms, well inside a commit interval, so the loop's other work
@@ -232,20 +231,7 @@ fn run_turn(
             continue;
         }
         METRICS.records_in.get_or_create(&task_label(id)).inc();
-        let origin = (alos && id.stage > 0)
-            .then(|| header(&m, ORIGIN_HEADER))
-            .flatten()
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(Origin::parse);
-        let msg = SourceMessage {
-            topic: m.topic(),
-            partition: m.partition(),
-            offset: m.offset(),
-            key: m.key(),
-            value: m.payload(),
-            timestamp: m.timestamp().to_millis(),
-            record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
-        };
+        let (msg, origin) = super::run::source_message(&m, id, alos);
         out.clear();
         let Some(outcome) =
             super::run::process_input(task, app, cx.env, shared, &msg, origin, &mut out)?

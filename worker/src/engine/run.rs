@@ -151,20 +151,7 @@ impl Engine {
                         }
                         METRICS.records_in.get_or_create(&task_label(id)).inc();
                         let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
-                        let origin = (alos && id.stage > 0)
-                            .then(|| header(&m, ORIGIN_HEADER))
-                            .flatten()
-                            .and_then(|v| std::str::from_utf8(v).ok())
-                            .and_then(Origin::parse);
-                        let msg = SourceMessage {
-                            topic: m.topic(),
-                            partition: m.partition(),
-                            offset: m.offset(),
-                            key: m.key(),
-                            value: m.payload(),
-                            timestamp: m.timestamp().to_millis(),
-                            record_key: (id.stage > 0).then(|| header(&m, KEY_HEADER)).flatten(),
-                        };
+                        let (msg, origin) = source_message(&m, id, alos);
                         if let Some(merge) = self.merges.get_mut(&id)
                             && merge.reads(msg.topic)
                         {
@@ -207,6 +194,12 @@ impl Engine {
             busy = self.run_threads()? > 0;
             self.periodic(&mut timers, &mut out)?;
         }
+        self.shut_down()
+    }
+
+    /// Stopping (SIGTERM): commit what runs and flush the standbys, so the next owner of
+    /// each task starts from here.
+    fn shut_down(&mut self) -> Result<(), EngineError> {
         self.abandon_restore();
         tracing::info!("stopping: committing the current unit of work");
         self.shared
@@ -487,6 +480,30 @@ pub(super) fn record_outcome(
             });
         }
     }
+}
+
+/// A consumed record as a task reads it, and under at-least-once (`alos`) the origin a
+/// later stage's record carries (`replay`).
+pub(super) fn source_message<'a, M: Message>(
+    m: &'a M,
+    id: TaskId,
+    alos: bool,
+) -> (SourceMessage<'a>, Option<Origin>) {
+    let origin = (alos && id.stage > 0)
+        .then(|| header(m, ORIGIN_HEADER))
+        .flatten()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(Origin::parse);
+    let msg = SourceMessage {
+        topic: m.topic(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key(),
+        value: m.payload(),
+        timestamp: m.timestamp().to_millis(),
+        record_key: (id.stage > 0).then(|| header(m, KEY_HEADER)).flatten(),
+    };
+    (msg, origin)
 }
 
 /// A record as the merge keeps it until its turn.
