@@ -102,7 +102,8 @@ async fn an_app_an_earlier_operator_ran_rolls_twice_to_binary_and_counts_exactly
         None,
     );
     assert!(ok, "patch: {err}");
-    assert_eq!(told(&sts_args(&ns, &name)), None, "the flag is gone");
+    // The operator sees the change at once (it watches its StatefulSets): the template
+    // may already name JSON again by the time it is read.
 
     let input = Input::start(&run.app.source, &keys, Duration::from_millis(300));
     wait_for(
