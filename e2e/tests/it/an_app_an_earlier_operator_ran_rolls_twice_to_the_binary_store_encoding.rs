@@ -10,8 +10,8 @@ use oxbow_crds::StoreEncoding;
 use oxbow_e2e::harness::{kubectl, wait_for};
 use oxbow_e2e::streams::{Input, RunningApp, keys, produce, wait_exactly_once};
 
-/// The worker container's args in the live StatefulSet.
-fn sts_args(ns: &str, sts: &str) -> Vec<String> {
+/// Fields of the live StatefulSet, by a kubectl JSONPath template.
+fn sts_fields(ns: &str, sts: &str, jsonpath: &str) -> Result<String, String> {
     let (ok, out, err) = kubectl(
         &[
             "get",
@@ -20,11 +20,17 @@ fn sts_args(ns: &str, sts: &str) -> Vec<String> {
             ns,
             sts,
             "-o",
-            "jsonpath={.spec.template.spec.containers[0].args}",
+            &format!("jsonpath={jsonpath}"),
         ],
         None,
     );
-    assert!(ok, "get sts: {err}");
+    if ok { Ok(out) } else { Err(err) }
+}
+
+/// The worker container's args in the live StatefulSet.
+fn sts_args(ns: &str, sts: &str) -> Vec<String> {
+    let out = sts_fields(ns, sts, "{.spec.template.spec.containers[0].args}")
+        .unwrap_or_else(|e| panic!("get sts: {e}"));
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("args are a JSON list ({e}): {out}"))
 }
 
@@ -36,21 +42,11 @@ fn told(args: &[String]) -> Option<&str> {
 
 /// The StatefulSet's pods all run its current template (`updateRevision`), ready.
 fn rolled_out(ns: &str, sts: &str) -> Result<(), String> {
-    let (ok, out, err) = kubectl(
-        &[
-            "get",
-            "sts",
-            "-n",
-            ns,
-            sts,
-            "-o",
-            "jsonpath={.status.currentRevision} {.status.updateRevision} {.status.updatedReplicas} {.status.readyReplicas} {.spec.replicas}",
-        ],
-        None,
-    );
-    if !ok {
-        return Err(err);
-    }
+    let out = sts_fields(
+        ns,
+        sts,
+        "{.status.currentRevision} {.status.updateRevision} {.status.updatedReplicas} {.status.readyReplicas} {.spec.replicas}",
+    )?;
     let f: Vec<&str> = out.split_whitespace().collect();
     match f.as_slice() {
         [current, update, updated, ready, want]
