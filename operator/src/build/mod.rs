@@ -16,7 +16,7 @@ mod report_lease;
 mod service;
 mod stateful_set;
 
-pub use stateful_set::{image, live_image, live_store_encoding};
+pub use stateful_set::{image, live_image, live_store_encoding, template_rolled_out};
 
 use std::collections::BTreeMap;
 

@@ -37,25 +37,31 @@ const STORE_ENCODING_FLAG: &str = "--store-encoding";
 /// was built by an operator from before store encodings, for a worker that reads JSON
 /// alone).
 pub fn live_store_encoding(sts: &StatefulSet) -> Option<StoreEncoding> {
-    let pod = sts.spec.as_ref()?.template.spec.as_ref()?;
-    let args = pod
-        .containers
-        .iter()
-        .find(|c| c.name == "worker")?
-        .args
-        .as_ref()?;
+    let args = live_worker(sts)?.args.as_ref()?;
     let at = args.iter().position(|a| a == STORE_ENCODING_FLAG)?;
     args.get(at + 1)?.parse().ok()
 }
 
 /// The worker image a live StatefulSet runs.
 pub fn live_image(sts: &StatefulSet) -> Option<&str> {
+    live_worker(sts)?.image.as_deref()
+}
+
+/// The worker container of a live StatefulSet's template.
+fn live_worker(sts: &StatefulSet) -> Option<&Container> {
     let pod = sts.spec.as_ref()?.template.spec.as_ref()?;
-    pod.containers
-        .iter()
-        .find(|c| c.name == "worker")?
-        .image
-        .as_deref()
+    pod.containers.iter().find(|c| c.name == "worker")
+}
+
+/// The StatefulSet controller has seen the latest template and moved every pod's
+/// revision to it (the status it writes; pod readiness is not part of it).
+pub fn template_rolled_out(sts: &StatefulSet) -> bool {
+    let Some(st) = &sts.status else {
+        return false;
+    };
+    st.observed_generation.unwrap_or(0) >= sts.metadata.generation.unwrap_or(0)
+        && st.current_revision.is_some()
+        && st.current_revision == st.update_revision
 }
 
 /// The worker image the app's pods are to run.

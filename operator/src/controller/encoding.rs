@@ -16,7 +16,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use oxbow_crds::StoreEncoding;
 
-use crate::build::{live_image, live_store_encoding};
+use crate::build::{live_image, live_store_encoding, template_rolled_out};
 
 /// The encoding to write into the template about to be applied; `image`: the worker
 /// image that template runs.
@@ -39,9 +39,7 @@ fn every_pod_updated(sts: &StatefulSet) -> bool {
         return false;
     };
     let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    st.observed_generation.unwrap_or(0) >= sts.metadata.generation.unwrap_or(0)
-        && st.current_revision.is_some()
-        && st.current_revision == st.update_revision
+    template_rolled_out(sts)
         && st.replicas == want
         && st.updated_replicas.unwrap_or(0) == want
         && st.ready_replicas.unwrap_or(0) == want

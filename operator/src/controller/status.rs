@@ -159,10 +159,6 @@ fn workload_facts(
         };
     };
     let st = sts.status.clone().unwrap_or_default();
-    let generation_seen =
-        st.observed_generation.unwrap_or(0) >= sts.metadata.generation.unwrap_or(0);
-    let revisions_match =
-        st.current_revision.is_some() && st.current_revision == st.update_revision;
     let spec_replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     WorkloadFacts {
         exists: true,
@@ -170,7 +166,7 @@ fn workload_facts(
         replicas: st.replicas,
         ready_replicas: st.ready_replicas.unwrap_or(0),
         updated_replicas: st.updated_replicas.unwrap_or(0),
-        rolled_out: generation_seen && revisions_match && spec_replicas == sts_replicas,
+        rolled_out: build::template_rolled_out(sts) && spec_replicas == sts_replicas,
         draining,
         stopping,
         create_failure,
