@@ -428,7 +428,11 @@ impl Engine {
         self.consumer_for(id)
             .incremental_unassign(&tpl)
             .map_err(EngineError::AssignPartitions)?;
-        self.home.remove(&id);
+        if let Some(k) = self.home.remove(&id)
+            && let Some(p) = self.pollers.get_mut(k)
+        {
+            p.forget(&tpl);
+        }
         if let Producers::Transactional(m) = &mut self.producers {
             m.remove(&id);
         }

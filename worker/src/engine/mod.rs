@@ -265,11 +265,11 @@ pub struct Engine {
     desired: Desired,
     /// Active tasks waiting for their previous owner to let go, since when.
     waiting: BTreeMap<TaskId, Instant>,
-    /// Processing threads (`--threads`); with more than one, each thread's consumer
-    /// once it has a task ([`parallel`]), and the thread that runs each active task
-    /// placed on one.
+    /// Processing threads (`--threads`), each thread's consumer once it has a task
+    /// ([`parallel`]; with one thread its turn runs on the loop's), and the thread
+    /// that runs each active task placed on one.
     threads: usize,
-    pollers: Vec<MainConsumer>,
+    pollers: Vec<parallel::Poller>,
     home: BTreeMap<TaskId, usize>,
 }
 

@@ -17,18 +17,31 @@
 //! sent and outcomes counted on the loop's thread after the turn, in each task's record
 //! order, so the producers and the transactions stay where the commit is.
 //!
-//! Owns: which thread's consumer reads a task (`home`), and one turn's run. It must
-//! not commit, send or decide a record's outcome.
+//! Why a queue per partition: librdkafka bounds a consumer's prefetch
+//! (`queued.min.messages`, `queued.max.messages.kbytes`) over everything in the queue
+//! its partitions forward to. With one shared queue the partition whose fetch came
+//! first refilled it each time the bound freed up, and the consumer's other partitions
+//! waited until that one was read to its end: a backlogged task starved the others on
+//! its thread. Each partition's records are split into a queue of their own, so each
+//! has its own bound and a turn takes from every queue in rotation.
+//!
+//! Owns: which thread's consumer reads a task (`home`), the partition queues, and one
+//! turn's run. It must not commit, send or decide a record's outcome.
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use oxbow_crds::{ProcessingGuarantee, TaskId};
-use rdkafka::message::Message;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::Producer;
 
-use super::kafka::{KProducer, MainConsumer, Producers, task_consumer};
+use super::kafka::{ConsumerCtx, KProducer, MainConsumer, Producers, task_consumer};
 use super::outputs::{Sender, send_outputs};
 use super::run::record_outcome;
 use super::{Engine, EngineError};
@@ -41,6 +54,50 @@ use crate::task::{Outcome, Task};
 /// turn stays near 15 ms, well inside a commit interval, so the loop's other work
 /// (commits, reports, the liveness beat) comes often enough.
 pub(super) const MAX_POLL: usize = 1024;
+
+/// The most records a turn takes from one partition's queue before the next queue's
+/// turn: a partition with a backlog cannot hold the others for a whole turn.
+const PER_QUEUE: usize = 128;
+
+/// A processing thread's consumer and the queues split off it, one per input
+/// partition it has delivered.
+pub(super) struct Poller {
+    pub(super) consumer: Arc<MainConsumer>,
+    queues: BTreeMap<(String, i32), PartitionQueue<ConsumerCtx>>,
+    /// Which queue a turn starts with; it moves on every turn.
+    next: usize,
+}
+
+impl Poller {
+    fn new(consumer: MainConsumer) -> Self {
+        Self {
+            consumer: Arc::new(consumer),
+            queues: BTreeMap::new(),
+            next: 0,
+        }
+    }
+
+    /// Forgets the queues of partitions no longer assigned to the consumer. A queue
+    /// dropped while its partition is assigned would keep the partition's records
+    /// from the consumer's own queue; once unassigned, a new assignment forwards the
+    /// partition to the consumer's queue again, where the next turn splits it off anew.
+    pub(super) fn forget(&mut self, tpl: &TopicPartitionList) {
+        for e in tpl.elements() {
+            self.queues.remove(&(e.topic().to_string(), e.partition()));
+        }
+    }
+
+    /// Gives `(topic, partition)` a queue of its own. librdkafka forwards a partition
+    /// to the consumer's queue when its fetching starts (after each assignment), so a
+    /// partition is split once its first records came through the consumer's queue.
+    /// Records already there stay there: the turn reads the partitions' queues only
+    /// once the consumer's is empty, so a partition's records keep their order.
+    fn split(&mut self, topic: &str, partition: i32) {
+        if let Some(q) = self.consumer.split_partition_queue(topic, partition) {
+            self.queues.insert((topic.to_string(), partition), q);
+        }
+    }
+}
 
 /// The producer a task's outputs go out with on its thread: the worker's shared one
 /// (at least once), or the task's own with whether its transaction has begun.
@@ -86,28 +143,28 @@ impl Engine {
         self.home
             .get(&id)
             .and_then(|k| self.pollers.get(*k))
-            .unwrap_or(&self.consumer)
+            .map_or(&self.consumer, |p| &*p.consumer)
     }
 
     /// Places a starting task on a thread, if it runs on one: a task whose stage
     /// merges two streams stays on the main consumer, where its inputs take their turn
     /// in timestamp order. A thread's consumer is created when it gets its first task,
-    /// so a pod with fewer tasks than threads has no idle clients. Returns the thread.
+    /// so a pod with fewer tasks than threads has no idle clients. With one thread its
+    /// consumer's turn runs on the loop's thread. Returns the thread.
     pub(super) fn place(&mut self, id: TaskId) -> Result<Option<usize>, EngineError> {
-        if self.threads <= 1
-            || self
-                .app
-                .topology
-                .stage(id.stage)
-                .is_none_or(|s| !s.streams.is_empty())
+        if self
+            .app
+            .topology
+            .stage(id.stage)
+            .is_none_or(|s| !s.streams.is_empty())
         {
             return Ok(None);
         }
-        let slots = (self.pollers.len() + 1).min(self.threads);
+        let slots = (self.pollers.len() + 1).min(self.threads.max(1));
         let k = least_loaded(&self.home, slots);
         if k == self.pollers.len() {
             self.pollers
-                .push(task_consumer(&self.app, &self.fetch_watch)?);
+                .push(Poller::new(task_consumer(&self.app, &self.fetch_watch)?));
         }
         self.home.insert(id, k);
         self.shared.task(id, |t| t.thread = Some(k as u32));
@@ -157,18 +214,18 @@ impl Engine {
         };
         let cx = &cx;
         let results: Vec<Result<usize, EngineError>> = std::thread::scope(|scope| {
-            let mut work = self.pollers.iter().zip(groups);
+            let mut work = self.pollers.iter_mut().zip(groups);
             let mine = work.next();
             let handles: Vec<_> = work
-                .map(|(consumer, tasks)| {
+                .map(|(poller, tasks)| {
                     std::thread::Builder::new()
                         .name("oxbow-process".into())
-                        .spawn_scoped(scope, move || run_turn(consumer, tasks, cx))
+                        .spawn_scoped(scope, move || run_turn(poller, tasks, cx))
                         .expect("spawn a processing thread")
                 })
                 .collect();
             let mut results: Vec<_> = mine
-                .map(|(consumer, tasks)| run_turn(consumer, tasks, cx))
+                .map(|(poller, tasks)| run_turn(poller, tasks, cx))
                 .into_iter()
                 .collect();
             for h in handles {
@@ -192,63 +249,110 @@ struct Turn<'a> {
     sender: Sender<'a>,
 }
 
-/// Polls one thread's consumer for up to [`MAX_POLL`] records and runs each through its
-/// task as the loop runs one record: processed, counted, its outputs sent. A task that
-/// has failed (`errors.policy: fail`) processes none after its failing record.
+/// Runs up to [`MAX_POLL`] records of one thread's consumer, each through its task as
+/// the loop runs one record: processed, counted, its outputs sent. First what is in the
+/// consumer's own queue (events, and records of partitions not split off yet), then
+/// the partitions' queues in rotation, at most [`PER_QUEUE`] records from each at a
+/// time. A task that has failed (`errors.policy: fail`) processes none after its
+/// failing record.
 fn run_turn(
-    consumer: &MainConsumer,
+    poller: &mut Poller,
     mut tasks: BTreeMap<TaskId, (&mut Task, TaskProducer<'_>)>,
     cx: &Turn<'_>,
 ) -> Result<usize, EngineError> {
-    let (app, shared) = (cx.app, cx.sender.shared);
-    let alos = app.guarantee == ProcessingGuarantee::AtLeastOnce;
     let mut polled = 0;
     let mut out = Vec::new();
+    let mut unsplit = BTreeSet::new();
+    let consumer = poller.consumer.clone();
+    let mut drained = false;
     while polled < MAX_POLL {
         let Some(polled_one) = consumer.poll(Duration::ZERO) else {
+            drained = true;
             break;
         };
         // Errors count too: a broker that keeps failing cannot hold the turn.
         polled += 1;
-        let m = match polled_one {
-            Err(e) => {
-                // Broker restarts and the like: librdkafka reconnects by itself.
-                tracing::warn!(error = %e, "consumer error");
-                continue;
+        if let Ok(m) = &polled_one {
+            unsplit.insert((m.topic().to_string(), m.partition()));
+        }
+        run_one(polled_one, &consumer, &mut tasks, cx, &mut out)?;
+    }
+    for (topic, partition) in unsplit {
+        poller.split(&topic, partition);
+    }
+    if !drained || poller.queues.is_empty() {
+        return Ok(polled);
+    }
+    let queues: Vec<&PartitionQueue<ConsumerCtx>> = poller.queues.values().collect();
+    let start = poller.next % queues.len();
+    poller.next = poller.next.wrapping_add(1);
+    let mut progress = true;
+    while progress && polled < MAX_POLL {
+        progress = false;
+        for q in queues[start..].iter().chain(&queues[..start]) {
+            let mut taken = 0;
+            while taken < PER_QUEUE && polled < MAX_POLL {
+                let Some(polled_one) = q.poll(Duration::ZERO) else {
+                    break;
+                };
+                taken += 1;
+                polled += 1;
+                run_one(polled_one, &consumer, &mut tasks, cx, &mut out)?;
             }
-            Ok(m) => m,
-        };
-        let Some(stage) = cx.stages.get(m.topic()) else {
-            continue;
-        };
-        let id = TaskId::new(*stage, m.partition() as u32);
-        // Records of a task released since they were fetched are dropped: its next
-        // owner reads them again from its committed offsets.
-        let Some((task, producer)) = tasks.get_mut(&id) else {
-            continue;
-        };
-        if task.failed.is_some() {
-            continue;
-        }
-        METRICS.records_in.get_or_create(&task_label(id)).inc();
-        let (msg, origin) = super::run::source_message(&m, id, alos);
-        out.clear();
-        let Some(outcome) =
-            super::run::process_input(task, app, cx.env, shared, &msg, origin, &mut out)?
-        else {
-            continue;
-        };
-        record_outcome(shared, consumer, app, id, &outcome);
-        if out.is_empty() {
-            continue;
-        }
-        let from = alos.then_some((m.topic(), m.partition(), m.offset()));
-        if let Some(why) = send_outputs(&cx.sender, producer.ready(id)?, id, &out, from)? {
-            record_outcome(shared, consumer, app, id, &Outcome::Failed(why));
+            progress |= taken > 0;
         }
     }
     Ok(polled)
 }
+
+/// One polled record (or error) through its task.
+fn run_one(
+    polled_one: KafkaResult<BorrowedMessage<'_>>,
+    consumer: &MainConsumer,
+    tasks: &mut BTreeMap<TaskId, (&mut Task, TaskProducer<'_>)>,
+    cx: &Turn<'_>,
+    out: &mut Vec<crate::task::Output>,
+) -> Result<(), EngineError> {
+    let (app, shared) = (cx.app, cx.sender.shared);
+    let alos = app.guarantee == ProcessingGuarantee::AtLeastOnce;
+    let m = match polled_one {
+        Err(e) => {
+            // Broker restarts and the like: librdkafka reconnects by itself.
+            tracing::warn!(error = %e, "consumer error");
+            return Ok(());
+        }
+        Ok(m) => m,
+    };
+    let Some(stage) = cx.stages.get(m.topic()) else {
+        return Ok(());
+    };
+    let id = TaskId::new(*stage, m.partition() as u32);
+    // Records of a task released since they were fetched are dropped: its next
+    // owner reads them again from its committed offsets.
+    let Some((task, producer)) = tasks.get_mut(&id) else {
+        return Ok(());
+    };
+    if task.failed.is_some() {
+        return Ok(());
+    }
+    METRICS.records_in.get_or_create(&task_label(id)).inc();
+    let (msg, origin) = super::run::source_message(&m, id, alos);
+    out.clear();
+    let Some(outcome) = super::run::process_input(task, app, cx.env, shared, &msg, origin, out)?
+    else {
+        return Ok(());
+    };
+    record_outcome(shared, consumer, app, id, &outcome);
+    if out.is_empty() {
+        return Ok(());
+    }
+    let from = alos.then_some((m.topic(), m.partition(), m.offset()));
+    if let Some(why) = send_outputs(&cx.sender, producer.ready(id)?, id, out, from)? {
+        record_outcome(shared, consumer, app, id, &Outcome::Failed(why));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::least_loaded;

@@ -224,7 +224,7 @@ impl Engine {
             }
             let consumer = match slot {
                 0 => &self.consumer,
-                k => &self.pollers[k - 1],
+                k => &*self.pollers[k - 1].consumer,
             };
             consumer
                 .incremental_assign(tpl)

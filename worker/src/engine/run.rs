@@ -88,9 +88,10 @@ impl Engine {
                     r => r?,
                 }
             }
-            // One record of the main consumer a turn with one processing thread; with
-            // more, up to a turn's worth, then the threads' turn (`parallel`). A busy
-            // turn is followed by one that does not wait on the main consumer.
+            // Up to a turn's worth of the main consumer's records (global tables,
+            // standbys, merged tasks), then the threads' turn (`parallel`); with no
+            // task on a thread yet, one record. A busy turn is followed by one that
+            // does not wait on the main consumer.
             let mut timeout = if busy {
                 Duration::ZERO
             } else {

@@ -8,6 +8,7 @@
 
 mod support;
 
+mod backlogged_partitions_are_read_side_by_side;
 mod batches_survive_kills;
 mod broker_restart_keeps_exactly_once;
 mod custom_processor_gets_the_same_machinery;

@@ -1,0 +1,87 @@
+//! A backlog on several partitions of one consumer is read from all of them side by
+//! side, not one partition after the other. librdkafka bounds a consumer's prefetch
+//! over all its partitions unless each has a queue of its own; with one shared bound the
+//! partition that fetched first refilled the queue every time, so a task's records
+//! waited until another task on the same consumer had read its partition to the end
+//! (its lag only grew meanwhile).
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::support::*;
+use serde_json::json;
+
+const PER_PARTITION: i64 = 40_000;
+
+/// Records processed per task, from the worker's status.
+fn processed(w: &Worker) -> BTreeMap<String, u64> {
+    w.status()
+        .and_then(|s| s["tasks"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t["role"] == "active")
+        .map(|t| (t["task"].to_string(), t["processed"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+fn every_partition_advances_while_one_is_backlogged(threads: u32, partitions: i32) {
+    let app = unique(&format!("backlog{threads}t"));
+    let input = format!("{app}-in");
+    create_topic(&input, partitions);
+    create_topic(&format!("{app}-out"), partitions);
+    let total = PER_PARTITION * i64::from(partitions);
+    produce(
+        &input,
+        (0..total).map(|i| {
+            let k = format!("k{}", i % 1000);
+            Input::json(&k, json!({"k": k, "pad": "x".repeat(64)}))
+                .partition((i % i64::from(partitions)) as i32)
+        }),
+    );
+    // Small fetches make many rounds of the prefetch bound out of a small backlog.
+    let manifest = app_manifest(
+        &app,
+        "at_least_once",
+        &format!(
+            "  source: {{topics: [{input}]}}\n  steps:\n  - map: {{value: \"value\"}}\n  sink: {{topic: {app}-out}}\n"
+        ),
+    )
+    .replace(
+        "kafka: {bootstrapServers: ",
+        "kafka: {properties: {max.partition.fetch.bytes: \"16384\"}, bootstrapServers: ",
+    );
+    let dir = scratch_dir(&app);
+    let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
+    b.extra_args = vec!["--threads".into(), threads.to_string()];
+    let mut w = b.spawn();
+    w.wait_ready(Duration::from_secs(90));
+    let at_three_quarters = wait_for(
+        "a task to process three quarters of its partition",
+        Duration::from_secs(120),
+        || {
+            let p = processed(&w);
+            let lead = p.values().max().copied().unwrap_or(0);
+            (p.len() == partitions as usize && lead * 4 >= PER_PARTITION as u64 * 3).then_some(p)
+        },
+    );
+    let behind = at_three_quarters.values().min().copied().unwrap_or(0);
+    assert!(
+        behind * 3 >= PER_PARTITION as u64,
+        "{app} ({threads} thread(s), {partitions} partitions): when one task had processed \
+         three quarters of its partition every other had processed at least a third of \
+         its own, not waited its turn: {at_three_quarters:?}"
+    );
+    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(120));
+    w.stop();
+}
+
+#[test]
+fn one_thread_reads_a_backlog_from_every_partition_side_by_side() {
+    every_partition_advances_while_one_is_backlogged(1, 2);
+}
+
+#[test]
+fn each_of_two_threads_reads_a_backlog_from_all_its_partitions_side_by_side() {
+    every_partition_advances_while_one_is_backlogged(2, 4);
+}
