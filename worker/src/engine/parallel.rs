@@ -64,6 +64,8 @@ const PER_QUEUE: usize = 128;
 pub(super) struct Poller {
     pub(super) consumer: Arc<MainConsumer>,
     queues: BTreeMap<(String, i32), PartitionQueue<ConsumerCtx>>,
+    /// Partitions assigned since the last turn, split off at its start.
+    assigned: Vec<(String, i32)>,
     /// Which queue a turn starts with; it moves on every turn.
     next: usize,
 }
@@ -73,7 +75,18 @@ impl Poller {
         Self {
             consumer: Arc::new(consumer),
             queues: BTreeMap::new(),
+            assigned: Vec::new(),
             next: 0,
+        }
+    }
+
+    /// Notes partitions just assigned to the consumer, to split off at the next turn,
+    /// before their first fetch lands in the consumer's queue: one fetch there can hold
+    /// a partition's share of a whole megabyte, which the other partitions' records
+    /// would wait behind (the turn reads the consumer's queue first).
+    pub(super) fn assigned(&mut self, tpl: &TopicPartitionList) {
+        for e in tpl.elements() {
+            self.assigned.push((e.topic().to_string(), e.partition()));
         }
     }
 
@@ -88,10 +101,11 @@ impl Poller {
     }
 
     /// Gives `(topic, partition)` a queue of its own. librdkafka forwards a partition
-    /// to the consumer's queue when its fetching starts (after each assignment), so a
-    /// partition is split once its first records came through the consumer's queue.
-    /// Records already there stay there: the turn reads the partitions' queues only
-    /// once the consumer's is empty, so a partition's records keep their order.
+    /// to the consumer's queue when its fetching starts, on its own thread after an
+    /// assignment; a split made before that is undone, so a partition whose records
+    /// come through the consumer's queue is split again. Records already there stay
+    /// there: the turn reads the partitions' queues only once the consumer's is empty,
+    /// so a partition's records keep their order.
     fn split(&mut self, topic: &str, partition: i32) {
         if let Some(q) = self.consumer.split_partition_queue(topic, partition) {
             self.queues.insert((topic.to_string(), partition), q);
@@ -260,6 +274,9 @@ fn run_turn(
     mut tasks: BTreeMap<TaskId, (&mut Task, TaskProducer<'_>)>,
     cx: &Turn<'_>,
 ) -> Result<usize, EngineError> {
+    for (topic, partition) in std::mem::take(&mut poller.assigned) {
+        poller.split(&topic, partition);
+    }
     let mut polled = 0;
     let mut out = Vec::new();
     let mut unsplit = BTreeSet::new();

@@ -224,11 +224,14 @@ impl Engine {
             }
             let consumer = match slot {
                 0 => &self.consumer,
-                k => &*self.pollers[k - 1].consumer,
+                k => &self.pollers[k - 1].consumer,
             };
             consumer
                 .incremental_assign(tpl)
                 .map_err(EngineError::AssignPartitions)?;
+            if let Some(p) = slot.checked_sub(1).and_then(|k| self.pollers.get_mut(k)) {
+                p.assigned(tpl);
+            }
         }
         match first_error {
             Some(e) => Err(e),

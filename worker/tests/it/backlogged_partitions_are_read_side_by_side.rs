@@ -76,6 +76,49 @@ fn every_partition_advances_while_one_is_backlogged(threads: u32, partitions: i3
     w.stop();
 }
 
+/// With librdkafka's default fetch size one fetch holds tens of thousands of small
+/// records of one partition: if it landed in the consumer's shared queue, the other
+/// partition's first records would wait behind all of them.
+#[test]
+fn a_backlog_starts_every_partition_at_once_not_one_fetch_after_another() {
+    let app = unique("backlogstart");
+    let input = format!("{app}-in");
+    create_topic(&input, 2);
+    create_topic(&format!("{app}-out"), 2);
+    let per_partition: i64 = 60_000;
+    produce(
+        &input,
+        (0..per_partition * 2)
+            .map(|i| Input::raw(&format!("k{}", i % 100), b"{}").partition((i % 2) as i32)),
+    );
+    let manifest = app_manifest(
+        &app,
+        "at_least_once",
+        &format!(
+            "  source: {{topics: [{input}]}}\n  steps:\n  - map: {{value: \"value\"}}\n  sink: {{topic: {app}-out}}\n"
+        ),
+    );
+    let dir = scratch_dir(&app);
+    let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
+    b.extra_args = vec!["--threads".into(), "1".into()];
+    let mut w = b.spawn();
+    w.wait_ready(Duration::from_secs(90));
+    let early = wait_for(
+        "a task to process 20 000 records",
+        Duration::from_secs(120),
+        || {
+            let p = processed(&w);
+            (p.len() == 2 && p.values().max().copied().unwrap_or(0) >= 20_000).then_some(p)
+        },
+    );
+    assert!(
+        early.values().all(|n| *n >= 2_000),
+        "{app}: both partitions started together, not one after the other's first fetch: {early:?}"
+    );
+    w.wait_committed(&input, &end_offsets(&input), Duration::from_secs(120));
+    w.stop();
+}
+
 #[test]
 fn one_thread_reads_a_backlog_from_every_partition_side_by_side() {
     every_partition_advances_while_one_is_backlogged(1, 2);
