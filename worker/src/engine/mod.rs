@@ -212,7 +212,9 @@ pub struct Engine {
     app: Arc<App>,
     shared: Arc<Shared>,
     env: Env,
-    consumer: MainConsumer,
+    /// Shared with the loop's poll, so that a polled record (which borrows the
+    /// consumer) can be handled by a method that needs the engine.
+    consumer: Arc<MainConsumer>,
     /// The main consumer's statistics, for merged tasks.
     fetch_watch: Arc<FetchWatch>,
     producers: Producers,
@@ -334,7 +336,7 @@ impl Engine {
             app,
             shared,
             env: Env::default(),
-            consumer,
+            consumer: Arc::new(consumer),
             fetch_watch,
             producers,
             tracker,

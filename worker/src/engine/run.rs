@@ -101,85 +101,9 @@ impl Engine {
             loop {
                 // No `continue` below: the periodic work after this loop (commits,
                 // standby flushes, reports) must run however busy the consumer is.
-                match self.consumer.poll(timeout) {
-                    Some(Ok(m)) => 'msg: {
-                        if let Some(g) = self.lookups.by_topic(m.topic()) {
-                            g.apply(m.partition(), m.offset(), m.key(), m.payload())
-                                .map_err(|source| EngineError::GlobalTable {
-                                    table: g.store.0.clone(),
-                                    source,
-                                })?;
-                            break 'msg;
-                        }
-                        if let Some(store) = self.changelogs.get(m.topic()).cloned()
-                        // A table's topic is its store's changelog for a standby, and
-                        // an input of the active that keeps it.
-                        && !self.tasks.contains_key(&TaskId::new(
-                            self.stage_of_changelog(&store),
-                            m.partition() as u32,
-                        )) {
-                            let id =
-                                TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
-                            apply_standby_record(
-                                &mut self.standbys,
-                                self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
-                                self.app.inputs(id.stage),
-                                id,
-                                store,
-                                &m,
-                            );
-                            drop(m);
-                            // A standby catching up a long changelog writes as it goes:
-                            // its buffer stays bounded whatever the commit interval.
-                            if self
-                                .standbys
-                                .get(&id)
-                                .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
-                            {
-                                self.flush_standby(id)?;
-                            }
-                            break 'msg;
-                        }
-                        let Some(stage) = self.input_stage.get(m.topic()) else {
-                            break 'msg;
-                        };
-                        let id = TaskId::new(*stage, m.partition() as u32);
-                        let Some(task) = self.tasks.get_mut(&id) else {
-                            break 'msg;
-                        };
-                        if task.failed.is_some() {
-                            break 'msg;
-                        }
-                        METRICS.records_in.get_or_create(&task_label(id)).inc();
-                        let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
-                        let (msg, origin) = source_message(&m, id, alos);
-                        if let Some(merge) = self.merges.get_mut(&id)
-                            && merge.reads(msg.topic)
-                        {
-                            // Its turn comes in timestamp order with the task's other inputs.
-                            merge.push(buffered(&msg, origin));
-                            drop(m);
-                            self.drain_merged(id, &mut out)?;
-                            break 'msg;
-                        }
-                        out.clear();
-                        let Some(outcome) = process_input(
-                            task,
-                            &self.app,
-                            &self.env,
-                            &self.shared,
-                            &msg,
-                            origin,
-                            &mut out,
-                        )?
-                        else {
-                            break 'msg;
-                        };
-                        let (topic, partition, offset) =
-                            (m.topic().to_string(), m.partition(), m.offset());
-                        drop(m);
-                        self.finish_input(id, (&topic, partition, offset), &outcome, &out)?;
-                    }
+                let consumer = self.consumer.clone();
+                match consumer.poll(timeout) {
+                    Some(Ok(m)) => self.main_record(&m, &mut out)?,
                     Some(Err(e)) => {
                         // Broker restarts and the like: librdkafka reconnects by itself.
                         tracing::warn!(error = %e, "consumer error");
@@ -196,6 +120,80 @@ impl Engine {
             self.periodic(&mut timers, &mut out)?;
         }
         self.shut_down()
+    }
+
+    /// One record of the main consumer: a global table's row, a standby's changelog
+    /// record, or an input of a task on the main consumer (a merged task's, buffered
+    /// for its turn; any other's, processed).
+    fn main_record(
+        &mut self,
+        m: &rdkafka::message::BorrowedMessage<'_>,
+        out: &mut Vec<Output>,
+    ) -> Result<(), EngineError> {
+        if let Some(g) = self.lookups.by_topic(m.topic()) {
+            g.apply(m.partition(), m.offset(), m.key(), m.payload())
+                .map_err(|source| EngineError::GlobalTable {
+                    table: g.store.0.clone(),
+                    source,
+                })?;
+            return Ok(());
+        }
+        if let Some(store) = self.changelogs.get(m.topic()).cloned()
+        // A table's topic is its store's changelog for a standby, and
+        // an input of the active that keeps it.
+        && !self.tasks.contains_key(&TaskId::new(
+            self.stage_of_changelog(&store),
+            m.partition() as u32,
+        )) {
+            let id = TaskId::new(self.stage_of_changelog(&store), m.partition() as u32);
+            apply_standby_record(
+                &mut self.standbys,
+                self.app.guarantee == ProcessingGuarantee::AtLeastOnce,
+                self.app.inputs(id.stage),
+                id,
+                store,
+                m,
+            );
+            // A standby catching up a long changelog writes as it goes:
+            // its buffer stays bounded whatever the commit interval.
+            if self
+                .standbys
+                .get(&id)
+                .is_some_and(|sb| sb.pending.len() >= STANDBY_BATCH)
+            {
+                self.flush_standby(id)?;
+            }
+            return Ok(());
+        }
+        let Some(stage) = self.input_stage.get(m.topic()) else {
+            return Ok(());
+        };
+        let id = TaskId::new(*stage, m.partition() as u32);
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return Ok(());
+        };
+        if task.failed.is_some() {
+            return Ok(());
+        }
+        METRICS.records_in.get_or_create(&task_label(id)).inc();
+        let alos = self.app.guarantee == ProcessingGuarantee::AtLeastOnce;
+        let (msg, origin) = source_message(m, id, alos);
+        if let Some(merge) = self.merges.get_mut(&id)
+            && merge.reads(msg.topic)
+        {
+            // Its turn comes in timestamp order with the task's other inputs.
+            merge.push(buffered(&msg, origin));
+            self.drain_merged(id, out)?;
+            return Ok(());
+        }
+        out.clear();
+        let Some(outcome) =
+            process_input(task, &self.app, &self.env, &self.shared, &msg, origin, out)?
+        else {
+            return Ok(());
+        };
+        self.finish_input(id, (m.topic(), m.partition(), m.offset()), &outcome, out)?;
+        Ok(())
     }
 
     /// Stopping (SIGTERM): commit what runs and flush the standbys, so the next owner of
