@@ -1,5 +1,7 @@
-//! Helpers for the end-to-end tests: the stack's coordinates, polling waits with
-//! messages, namespaces per test, and kubectl.
+//! Helpers for the end-to-end and operator tests: the operator process, the CRD, helm,
+//! StreamApp waits and the suite's Kafka calls. What every crate's tests share (the
+//! stack's coordinates, waits with a deadline, namespaces per test, kubectl, Kafka) is
+//! `oxbow-testkit`'s, re-exported here.
 //!
 //! The tests run against whatever `KUBECONFIG` and `KAFKA_BOOTSTRAP` point at; when they
 //! are unset, the env file `make up` writes is read. Nothing here starts the stack.
@@ -10,51 +12,13 @@
 //! installed, and tests that need the local node agent skip themselves
 //! ([`requires_local_stack`]).
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, PostParams};
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("OXBOW_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/oxbow")
-        })
-}
-
-/// A variable from the environment, or else from `make up`'s env file.
-pub fn stack_var(name: &str) -> String {
-    stack_var_opt(name).unwrap_or_else(|| {
-        panic!(
-            "{name} is neither set nor in {}: run `make up` first",
-            cache_dir().join("stack/env").display()
-        )
-    })
-}
-
-/// [`stack_var`], or `None` when neither the environment nor the env file has it.
-pub fn stack_var_opt(name: &str) -> Option<String> {
-    if let Ok(v) = std::env::var(name)
-        && !v.is_empty()
-    {
-        return Some(v);
-    }
-    let text = std::fs::read_to_string(cache_dir().join("stack/env")).ok()?;
-    text.lines()
-        .filter_map(|l| l.strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.trim_matches('"').to_string())
-}
-
-/// Kafka's bootstrap servers for the test process.
-pub fn kafka_bootstrap() -> String {
-    stack_var("KAFKA_BOOTSTRAP")
-}
+pub use oxbow_testkit::kube::{TestNamespace, kube_client, kubectl, kubectl_path};
+pub use oxbow_testkit::stack::{cache_dir, kafka_bootstrap, stack_var, stack_var_opt};
+pub use oxbow_testkit::unique;
+pub use oxbow_testkit::wait::wait_for_async as wait_for;
 
 /// Kafka's bootstrap servers for pods, what the StreamApps the tests write put in
 /// `spec.kafka.bootstrapServers`: `KAFKA_BOOTSTRAP_IN_CLUSTER` when set (on kind, the
@@ -94,102 +58,6 @@ pub fn requires_local_stack(reason: &str) -> bool {
     }
 }
 
-pub async fn kube_client() -> kube::Client {
-    let path = stack_var("KUBECONFIG");
-    let kc = kube::config::Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("failed to read kubeconfig {path}: {e}"));
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap_or_else(|e| panic!("failed to load kubeconfig {path}: {e}"));
-    kube::Client::try_from(cfg).expect("kube client")
-}
-
-/// Polls `check` every 200 ms until it returns `Ok`, or panics after `timeout` naming
-/// what did not happen and the last thing observed.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let start = Instant::now();
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) => {
-                if start.elapsed() > timeout {
-                    panic!("timed out after {timeout:?} waiting for {what}; last observed: {last}");
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// A short random suffix so concurrent or repeated runs never collide.
-pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "{prefix}-{:x}{:04x}",
-        std::process::id() & 0xfff,
-        nanos & 0xffff
-    )
-}
-
-/// A namespace for one test. Deleted by `delete()`; a failed test leaves it for
-/// inspection (`kubectl get all -n <name>`).
-pub struct TestNamespace {
-    pub name: String,
-    client: kube::Client,
-}
-
-impl TestNamespace {
-    pub async fn create(client: &kube::Client, prefix: &str) -> Self {
-        let name = unique(prefix);
-        let api: Api<Namespace> = Api::all(client.clone());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
-            .expect("namespace");
-        api.create(&PostParams::default(), &ns)
-            .await
-            .unwrap_or_else(|e| panic!("failed to create namespace {name}: {e}"));
-        // Pods need the namespace's default ServiceAccount (the controller-manager makes it).
-        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-            Api::namespaced(client.clone(), &name);
-        wait_for(
-            "the namespace's default ServiceAccount",
-            Duration::from_secs(30),
-            || async {
-                sa.get_opt("default")
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| "absent".to_string())
-            },
-        )
-        .await;
-        Self {
-            name,
-            client: client.clone(),
-        }
-    }
-
-    pub async fn delete(self) {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let _ = api.delete(&self.name, &DeleteParams::default()).await;
-    }
-}
-
-pub fn kubectl_path() -> PathBuf {
-    let version = std::env::var("K8S_VERSION").unwrap_or_else(|_| "v1.34.4".into());
-    let p = cache_dir().join("k8s").join(version).join("bin/kubectl");
-    if p.exists() {
-        p
-    } else {
-        PathBuf::from("kubectl")
-    }
-}
-
 /// The helm `make up` builds (`e2e/stack/build-helm.sh`), else `helm` on the PATH.
 pub fn helm_path() -> PathBuf {
     let version = std::env::var("HELM_VERSION").unwrap_or_else(|_| "v3.19.5".into());
@@ -210,35 +78,6 @@ pub fn helm(args: &[&str]) -> (bool, String, String) {
                 helm_path().display()
             )
         });
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Runs kubectl against the stack with `stdin`; returns (success, stdout, stderr).
-pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write;
-    let mut cmd = std::process::Command::new(kubectl_path());
-    cmd.args(args)
-        .env("KUBECONFIG", stack_var("KUBECONFIG"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("failed to run kubectl ({}): {e}", kubectl_path().display()));
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write stdin");
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().expect("kubectl output");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -479,117 +318,35 @@ fn kind_operator() -> (String, String) {
     )
 }
 
-/// Kafka helpers for the suite (admin operations with the stack's bootstrap servers).
+/// Kafka helpers for the suite, as its async tests call them; the work is
+/// `oxbow_testkit::kafka`'s.
 pub mod kafka {
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
-    use rdkafka::ClientConfig;
-    use rdkafka::admin::{
-        AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier,
-        TopicReplication,
-    };
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-
-    fn admin() -> AdminClient<DefaultClientContext> {
-        ClientConfig::new()
-            .set("bootstrap.servers", super::kafka_bootstrap())
-            .create()
-            .expect("admin client")
-    }
+    use oxbow_testkit::kafka as kit;
 
     pub async fn create_topic(name: &str, partitions: i32) {
-        let res = admin()
-            .create_topics(
-                [&NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
-                &AdminOptions::new(),
-            )
-            .await
-            .expect("create_topics request");
-        assert!(
-            res.iter().all(|r| r.is_ok()),
-            "failed to create topic {name}: {res:?}"
-        );
+        kit::create_topic(name, partitions);
     }
 
     /// Grows a topic to `total` partitions, as `kafka-topics --alter --partitions` would.
     pub async fn add_partitions(name: &str, total: usize) {
-        let res = admin()
-            .create_partitions([&NewPartitions::new(name, total)], &AdminOptions::new())
-            .await
-            .expect("create_partitions request");
-        assert!(
-            res.iter().all(|r| r.is_ok()),
-            "failed to grow topic {name}: {res:?}"
-        );
+        kit::add_partitions(name, total);
     }
 
     /// Partition count, or None when the topic does not exist.
     pub fn partitions(name: &str) -> Option<usize> {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", super::kafka_bootstrap())
-            .create()
-            .expect("consumer");
-        let md = c
-            .fetch_metadata(Some(name), Duration::from_secs(10))
-            .expect("metadata");
-        md.topics()
-            .iter()
-            .find(|t| t.name() == name && t.error().is_none())
-            .map(|t| t.partitions().len())
+        kit::topic_partitions(name)
     }
 
     /// The topic's config (every entry with a value).
     pub async fn config(name: &str) -> BTreeMap<String, String> {
-        let res = admin()
-            .describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new())
-            .await
-            .expect("describe_configs request");
-        let r = res
-            .into_iter()
-            .next()
-            .expect("one result")
-            .expect("topic config");
-        r.entries
-            .into_iter()
-            .filter_map(|e| e.value.map(|v| (e.name, v)))
-            .collect()
+        kit::topic_config(name)
     }
 
     /// Sets one config of a topic by hand, as an operator of the cluster might.
     pub async fn set_config(name: &str, key: &str, value: &str) {
-        let ac = AlterConfig::new(ResourceSpecifier::Topic(name)).set(key, value);
-        // AlterConfigs replaces the topic's overrides: keep the others.
-        let mut current: BTreeMap<String, String> = BTreeMap::new();
-        let res = admin()
-            .describe_configs([&ResourceSpecifier::Topic(name)], &AdminOptions::new())
-            .await
-            .expect("describe");
-        if let Some(Ok(r)) = res.into_iter().next() {
-            for e in r
-                .entries
-                .into_iter()
-                .filter(|e| !e.is_default && !e.is_read_only)
-            {
-                if let Some(v) = e.value {
-                    current.insert(e.name, v);
-                }
-            }
-        }
-        current.insert(key.into(), value.into());
-        let mut ac = ac;
-        for (k, v) in &current {
-            ac = ac.set(k, v);
-        }
-        let res = admin()
-            .alter_configs([&ac], &AdminOptions::new())
-            .await
-            .expect("alter_configs request");
-        assert!(
-            res.iter().all(|r| r.is_ok()),
-            "failed to alter {name}: {res:?}"
-        );
+        kit::set_topic_config(name, key, value);
     }
 }
 

@@ -6,15 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use oxbow_testkit::kafka as kit;
 
 use crate::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap,
-    kafka_bootstrap_in_cluster, kube_client, kubectl, unique, wait_for,
+    OperatorProcess, TestNamespace, apps, install_crd, kafka, kafka_bootstrap_in_cluster,
+    kube_client, kubectl, unique, wait_for,
 };
 use kube::api::Api;
 use oxbow_crds::StreamApp;
@@ -122,91 +118,28 @@ spec:
     }
 }
 
-fn producer() -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        // Java's partitioner: the same one query routing uses.
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer")
-}
-
 /// `per_key` records `{"amount": amount}` for each key, interleaved across keys.
 pub fn produce(topic: &str, keys: &[String], per_key: usize, amount: i64) {
-    let p = producer();
-    for _ in 0..per_key {
-        for k in keys {
-            let v = format!("{{\"amount\":{amount}}}");
-            let mut rec = BaseRecord::to(topic).key(k.as_str()).payload(v.as_str());
-            loop {
-                match p.send(rec) {
-                    Ok(()) => break,
-                    Err((_, r)) => {
-                        rec = r;
-                        p.poll(Duration::from_millis(5));
-                    }
-                }
-            }
-        }
-    }
-    p.flush(Duration::from_secs(30)).expect("flush input");
+    let value = format!("{{\"amount\":{amount}}}");
+    let records =
+        (0..per_key).flat_map(|_| keys.iter().map(|k| kit::Input::raw(k, value.as_bytes())));
+    kit::produce(topic, records);
 }
 
-/// Every record of `topic` visible to a read_committed consumer: (key, JSON value).
+/// Every record of `topic` visible to a read_committed consumer now: (key, JSON value),
+/// each partition's in offset order.
 pub fn read_committed(topic: &str) -> Vec<(String, serde_json::Value)> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", crate::harness::unique("reader"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .expect("consumer");
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let parts = md
-        .topics()
-        .first()
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = BTreeMap::new();
-    for p in 0..parts as i32 {
-        let (_, high) = c
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .expect("watermarks");
-        ends.insert(p, high);
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .expect("tpl");
-    }
-    c.assign(&tpl).expect("assign");
-    let mut out = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = c.position().ok().is_some_and(|pos| {
-            ends.iter().all(|(p, end)| {
-                pos.find_partition(topic, *p)
-                    .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= *end))
-                    || *end == 0
-            })
-        });
-        if done || std::time::Instant::now() > deadline {
-            break;
-        }
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
-            let k = m
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .unwrap_or_default();
-            let v = m
-                .payload()
+    kit::read_all(topic, "read_committed")
+        .into_iter()
+        .map(|o| {
+            let v = o
+                .value
+                .as_deref()
                 .and_then(|v| serde_json::from_slice(v).ok())
                 .unwrap_or(serde_json::Value::Null);
-            out.push((k, v));
-        }
-    }
-    out
+            (o.key.unwrap_or_default(), v)
+        })
+        .collect()
 }
 
 /// Exactly-once check of a running count: per key, the committed outputs' counts are
@@ -494,29 +427,17 @@ pub async fn preload_task0_counts(ns: &str, app: &str, keys: usize) -> String {
 /// Writes `(partition, key, value)` records straight into `topic` (for example state
 /// into a changelog, so a restore is long without the worker having processed it).
 pub fn preload(topic: &str, records: impl Iterator<Item = (i32, String, String)>) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("linger.ms", "50")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", "1048576")
-        .create()
-        .expect("producer");
-    for (partition, key, value) in records {
-        let mut rec = BaseRecord::to(topic)
-            .partition(partition)
-            .key(key.as_str())
-            .payload(value.as_str());
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    rec = r;
-                    p.poll(Duration::from_millis(5));
-                }
-            }
-        }
-    }
-    p.flush(Duration::from_secs(120))
-        .expect("flush the preload");
+    let records = records.map(|(partition, key, value)| {
+        kit::Input::raw(&key, value.as_bytes()).partition(partition)
+    });
+    kit::produce_with(
+        topic,
+        records,
+        &[
+            ("linger.ms", "50"),
+            ("compression.type", "lz4"),
+            ("queue.buffering.max.messages", "1000000"),
+            ("queue.buffering.max.kbytes", "1048576"),
+        ],
+    );
 }
