@@ -25,11 +25,35 @@ fn processed(w: &Worker) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// A worker on `threads` threads running a pass-through app at least once over `input`
+/// (already filled), with `properties` as its librdkafka settings; ready.
+fn pass_through(app: &str, input: &str, threads: u32, properties: &str) -> Worker {
+    create_topic(
+        &format!("{app}-out"),
+        topic_partitions(input).unwrap() as i32,
+    );
+    let manifest = app_manifest(
+        app,
+        "at_least_once",
+        &format!(
+            "  source: {{topics: [{input}]}}\n  steps:\n  - map: {{value: \"value\"}}\n  sink: {{topic: {app}-out}}\n"
+        ),
+    )
+    .replace(
+        "kafka: {bootstrapServers: ",
+        &format!("kafka: {{properties: {{{properties}}}, bootstrapServers: "),
+    );
+    let mut b = WorkerBuilder::new(manifest, &scratch_dir(app).join("state"));
+    b.extra_args = vec!["--threads".into(), threads.to_string()];
+    let mut w = b.spawn();
+    w.wait_ready(Duration::from_secs(90));
+    w
+}
+
 fn every_partition_advances_while_one_is_backlogged(threads: u32, partitions: i32) {
     let app = unique(&format!("backlog{threads}t"));
     let input = format!("{app}-in");
     create_topic(&input, partitions);
-    create_topic(&format!("{app}-out"), partitions);
     let total = PER_PARTITION * i64::from(partitions);
     produce(
         &input,
@@ -40,22 +64,12 @@ fn every_partition_advances_while_one_is_backlogged(threads: u32, partitions: i3
         }),
     );
     // Small fetches make many rounds of the prefetch bound out of a small backlog.
-    let manifest = app_manifest(
+    let mut w = pass_through(
         &app,
-        "at_least_once",
-        &format!(
-            "  source: {{topics: [{input}]}}\n  steps:\n  - map: {{value: \"value\"}}\n  sink: {{topic: {app}-out}}\n"
-        ),
-    )
-    .replace(
-        "kafka: {bootstrapServers: ",
-        "kafka: {properties: {max.partition.fetch.bytes: \"16384\"}, bootstrapServers: ",
+        &input,
+        threads,
+        "max.partition.fetch.bytes: \"16384\"",
     );
-    let dir = scratch_dir(&app);
-    let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
-    b.extra_args = vec!["--threads".into(), threads.to_string()];
-    let mut w = b.spawn();
-    w.wait_ready(Duration::from_secs(90));
     let at_three_quarters = wait_for(
         "a task to process three quarters of its partition",
         Duration::from_secs(120),
@@ -84,25 +98,13 @@ fn a_backlog_starts_every_partition_at_once_not_one_fetch_after_another() {
     let app = unique("backlogstart");
     let input = format!("{app}-in");
     create_topic(&input, 2);
-    create_topic(&format!("{app}-out"), 2);
     let per_partition: i64 = 60_000;
     produce(
         &input,
         (0..per_partition * 2)
             .map(|i| Input::raw(&format!("k{}", i % 100), b"{}").partition((i % 2) as i32)),
     );
-    let manifest = app_manifest(
-        &app,
-        "at_least_once",
-        &format!(
-            "  source: {{topics: [{input}]}}\n  steps:\n  - map: {{value: \"value\"}}\n  sink: {{topic: {app}-out}}\n"
-        ),
-    );
-    let dir = scratch_dir(&app);
-    let mut b = WorkerBuilder::new(manifest, &dir.join("state"));
-    b.extra_args = vec!["--threads".into(), "1".into()];
-    let mut w = b.spawn();
-    w.wait_ready(Duration::from_secs(90));
+    let mut w = pass_through(&app, &input, 1, "");
     let early = wait_for(
         "a task to process 20 000 records",
         Duration::from_secs(120),
