@@ -60,7 +60,7 @@ pub(super) const MAX_POLL: usize = 1024;
 const PER_QUEUE: usize = 128;
 
 /// A processing thread's consumer and the queues split off it, one per input
-/// partition it has delivered.
+/// partition assigned to it.
 pub(super) struct Poller {
     pub(super) consumer: Arc<MainConsumer>,
     queues: BTreeMap<(String, i32), PartitionQueue<ConsumerCtx>>,
@@ -290,7 +290,14 @@ fn run_turn(
         // Errors count too: a broker that keeps failing cannot hold the turn.
         polled += 1;
         if let Ok(m) = &polled_one {
-            unsplit.insert((m.topic().to_string(), m.partition()));
+            // Looked up before inserting: no String per record of a partition whose
+            // old records are still draining from the consumer's queue.
+            if !unsplit
+                .iter()
+                .any(|(t, p): &(String, i32)| t == m.topic() && *p == m.partition())
+            {
+                unsplit.insert((m.topic().to_string(), m.partition()));
+            }
         }
         run_one(polled_one, &consumer, &mut tasks, cx, &mut out)?;
     }

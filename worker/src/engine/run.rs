@@ -98,10 +98,11 @@ impl Engine {
                 Duration::from_millis(5)
             };
             let mut polled = 0;
+            // A clone to poll through: the record it returns borrows it, not the engine.
+            let consumer = self.consumer.clone();
             loop {
                 // No `continue` below: the periodic work after this loop (commits,
                 // standby flushes, reports) must run however busy the consumer is.
-                let consumer = self.consumer.clone();
                 match consumer.poll(timeout) {
                     Some(Ok(m)) => self.main_record(&m, &mut out)?,
                     Some(Err(e)) => {
