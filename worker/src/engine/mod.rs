@@ -40,6 +40,7 @@ mod restoring;
 mod run;
 mod standby;
 mod topics;
+mod wake;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -273,6 +274,9 @@ pub struct Engine {
     threads: usize,
     pollers: Vec<parallel::Poller>,
     home: BTreeMap<TaskId, usize>,
+    /// Raised by every queue the loop reads when something arrives in it: what an idle
+    /// loop waits on.
+    wake: Arc<wake::Wake>,
 }
 
 impl Engine {
@@ -283,7 +287,9 @@ impl Engine {
         opts: &RunOptions,
         shared: Arc<Shared>,
     ) -> Result<Self, EngineError> {
-        let (consumer, fetch_watch) = main_consumer(&app)?;
+        let (mut consumer, fetch_watch) = main_consumer(&app)?;
+        let wake = Arc::new(wake::Wake::default());
+        consumer.set_nonempty_callback(wake.callback());
         // The checks go through the main consumer: it then knows the topics' leaders and
         // is connected to them when the first tasks are assigned. With a separate client
         // here, an at-least-once worker (ready at once, no producers to fence) sat up to
@@ -367,6 +373,7 @@ impl Engine {
             threads: opts.threads.max(1),
             pollers: Vec::new(),
             home: BTreeMap::new(),
+            wake,
         };
         // Standalone: restore and start every task before processing. Coordinated: the
         // worker stays Starting (not ready) until it has applied an assignment.

@@ -44,6 +44,7 @@ use rdkafka::producer::Producer;
 use super::kafka::{ConsumerCtx, KProducer, MainConsumer, Producers, task_consumer};
 use super::outputs::{Sender, send_outputs};
 use super::run::record_outcome;
+use super::wake::Wake;
 use super::{Engine, EngineError};
 use crate::config::App;
 use crate::expr::Env;
@@ -68,15 +69,19 @@ pub(super) struct Poller {
     assigned: Vec<(String, i32)>,
     /// Which queue a turn starts with; it moves on every turn.
     next: usize,
+    /// Raised by the consumer's queue and each partition's when something arrives.
+    wake: Arc<Wake>,
 }
 
 impl Poller {
-    fn new(consumer: MainConsumer) -> Self {
+    fn new(mut consumer: MainConsumer, wake: &Arc<Wake>) -> Self {
+        consumer.set_nonempty_callback(wake.callback());
         Self {
             consumer: Arc::new(consumer),
             queues: BTreeMap::new(),
             assigned: Vec::new(),
             next: 0,
+            wake: wake.clone(),
         }
     }
 
@@ -107,7 +112,8 @@ impl Poller {
     /// there: the turn reads the partitions' queues only once the consumer's is empty,
     /// so a partition's records keep their order.
     fn split(&mut self, topic: &str, partition: i32) {
-        if let Some(q) = self.consumer.split_partition_queue(topic, partition) {
+        if let Some(mut q) = self.consumer.split_partition_queue(topic, partition) {
+            q.set_nonempty_callback(self.wake.callback());
             self.queues.insert((topic.to_string(), partition), q);
         }
     }
@@ -177,8 +183,10 @@ impl Engine {
         let slots = (self.pollers.len() + 1).min(self.threads.max(1));
         let k = least_loaded(&self.home, slots);
         if k == self.pollers.len() {
-            self.pollers
-                .push(Poller::new(task_consumer(&self.app, &self.fetch_watch)?));
+            self.pollers.push(Poller::new(
+                task_consumer(&self.app, &self.fetch_watch)?,
+                &self.wake,
+            ));
         }
         self.home.insert(id, k);
         self.shared.task(id, |t| t.thread = Some(k as u32));

@@ -38,6 +38,10 @@ struct Timers {
     stalled: Instant,
 }
 
+/// The longest an idle loop waits for a queue to wake it: its timers (commits,
+/// punctuation, reports) run at least this often.
+const IDLE_WAIT: Duration = Duration::from_millis(5);
+
 /// How long a merged task waits on an input before the wait is logged (and how often).
 const STALLED_WARNING: Duration = Duration::from_secs(30);
 
@@ -90,20 +94,19 @@ impl Engine {
             }
             // Up to a turn's worth of the main consumer's records (global tables,
             // standbys, merged tasks), then the threads' turn (`parallel`); with no
-            // task on a thread yet, one record. A busy turn is followed by one that
-            // does not wait on the main consumer.
-            let mut timeout = if busy {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(5)
-            };
+            // task on a thread yet, one record. After an idle turn the loop waits until
+            // any of its queues has something (`wake`), not in one consumer's poll:
+            // records arriving in another queue would wait out that poll.
+            if !busy {
+                self.wake.wait(IDLE_WAIT);
+            }
             let mut polled = 0;
             // A clone to poll through: the record it returns borrows it, not the engine.
             let consumer = self.consumer.clone();
             loop {
                 // No `continue` below: the periodic work after this loop (commits,
                 // standby flushes, reports) must run however busy the consumer is.
-                match consumer.poll(timeout) {
+                match consumer.poll(Duration::ZERO) {
                     Some(Ok(m)) => self.main_record(&m, &mut out)?,
                     Some(Err(e)) => {
                         // Broker restarts and the like: librdkafka reconnects by itself.
@@ -115,9 +118,9 @@ impl Engine {
                 if self.pollers.is_empty() || polled >= super::parallel::MAX_POLL {
                     break;
                 }
-                timeout = Duration::ZERO;
             }
-            busy = self.run_threads()? > 0;
+            // A queue read only in part raises no flag: the next turn must not wait.
+            busy = polled + self.run_threads()? > 0;
             self.periodic(&mut timers, &mut out)?;
         }
         self.shut_down()
