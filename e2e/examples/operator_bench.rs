@@ -303,6 +303,109 @@ struct RunResult {
     missing: usize,
 }
 
+/// How many of `names` have been Ready.
+fn ready_count(seen: &Mutex<Seen>, names: &[String]) -> usize {
+    let s = seen.lock().expect("seen lock");
+    names.iter().filter(|n| s.ready.contains_key(*n)).count()
+}
+
+/// Applies all of `names` in one `kubectl apply` (noting when in `t0`) and waits until
+/// all are Ready or `timeout` has passed since `start`: the seconds `kubectl` took.
+async fn apply_burst(
+    ns: &str,
+    source: &str,
+    names: &[String],
+    seen: &Mutex<Seen>,
+    t0: &mut HashMap<String, Instant>,
+    start: Instant,
+    timeout: Duration,
+) -> f64 {
+    let n = names.len();
+    let docs: Vec<String> = names.iter().map(|nm| manifest(nm, source)).collect();
+    let t = Instant::now();
+    for nm in names {
+        t0.insert(nm.clone(), t);
+    }
+    apply(ns, &docs.join("---\n"));
+    let apply_secs = t.elapsed().as_secs_f64();
+    let mut last_print = Instant::now();
+    while ready_count(seen, names) < n && start.elapsed() < timeout {
+        if last_print.elapsed() > Duration::from_secs(10) {
+            println!(
+                "  {:>5.1} s: {}/{n} Ready",
+                start.elapsed().as_secs_f64(),
+                ready_count(seen, names)
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    apply_secs
+}
+
+/// Applies `names` one at a time (noting when in `t0`), each waited for until Ready or
+/// `timeout` has passed since `start`: the seconds `kubectl` took in all.
+async fn apply_sequential(
+    ns: &str,
+    source: &str,
+    names: &[String],
+    seen: &Mutex<Seen>,
+    t0: &mut HashMap<String, Instant>,
+    start: Instant,
+    timeout: Duration,
+) -> f64 {
+    let mut total_apply = 0.0;
+    for nm in names {
+        let t = Instant::now();
+        t0.insert(nm.clone(), t);
+        apply(ns, &manifest(nm, source));
+        total_apply += t.elapsed().as_secs_f64();
+        let one = std::slice::from_ref(nm);
+        while ready_count(seen, one) < 1 && start.elapsed() < timeout {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    total_apply
+}
+
+/// Sorted seconds of `names` from apply (`t0`) to StatefulSet and to Ready, how many are
+/// not Ready, and the seconds from creation to StatefulSet and to Ready.
+fn first_sightings(
+    seen: &Mutex<Seen>,
+    names: &[String],
+    t0: &HashMap<String, Instant>,
+) -> (Vec<f64>, Vec<f64>, usize, Vec<f64>, Vec<f64>) {
+    let n = names.len();
+    let s = seen.lock().expect("seen lock");
+    let since_created = |m: &HashMap<String, Instant>| {
+        let mut v: Vec<f64> = names
+            .iter()
+            .filter_map(|nm| {
+                Some(
+                    m.get(nm)?
+                        .saturating_duration_since(*s.created.get(nm)?)
+                        .as_secs_f64(),
+                )
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (created_sts, created_ready) = (since_created(&s.sts), since_created(&s.ready));
+    let mut sts: Vec<f64> = names
+        .iter()
+        .filter_map(|nm| Some(s.sts.get(nm)?.duration_since(t0[nm]).as_secs_f64()))
+        .collect();
+    let mut ready: Vec<f64> = names
+        .iter()
+        .filter_map(|nm| Some(s.ready.get(nm)?.duration_since(t0[nm]).as_secs_f64()))
+        .collect();
+    sts.sort_by(f64::total_cmp);
+    ready.sort_by(f64::total_cmp);
+    let missing = n - ready.len();
+    (sts, ready, missing, created_sts, created_ready)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_mode(
     mode: &'static str,
@@ -324,79 +427,16 @@ async fn run_mode(
     let api0 = api_requests(metrics_addr).await;
     let mut t0: HashMap<String, Instant> = HashMap::new();
     let start = Instant::now();
-    let ready_count = |names: &[String]| {
-        let s = seen.lock().expect("seen lock");
-        names.iter().filter(|n| s.ready.contains_key(*n)).count()
-    };
-    let apply_secs;
-    if mode == "burst" {
-        let docs: Vec<String> = names.iter().map(|nm| manifest(nm, source)).collect();
-        let t = Instant::now();
-        for nm in &names {
-            t0.insert(nm.clone(), t);
-        }
-        apply(ns, &docs.join("---\n"));
-        apply_secs = t.elapsed().as_secs_f64();
-        let mut last_print = Instant::now();
-        while ready_count(&names) < n && start.elapsed() < timeout {
-            if last_print.elapsed() > Duration::from_secs(10) {
-                println!(
-                    "  {:>5.1} s: {}/{n} Ready",
-                    start.elapsed().as_secs_f64(),
-                    ready_count(&names)
-                );
-                last_print = Instant::now();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    let apply_secs = if mode == "burst" {
+        apply_burst(ns, source, &names, seen, &mut t0, start, timeout).await
     } else {
-        let mut total_apply = 0.0;
-        for nm in &names {
-            let t = Instant::now();
-            t0.insert(nm.clone(), t);
-            apply(ns, &manifest(nm, source));
-            total_apply += t.elapsed().as_secs_f64();
-            let one = std::slice::from_ref(nm);
-            while ready_count(one) < 1 && start.elapsed() < timeout {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        apply_secs = total_apply;
-    }
+        apply_sequential(ns, source, &names, seen, &mut t0, start, timeout).await
+    };
     let all_ready_secs = start.elapsed().as_secs_f64();
     let cpu_to_ready = cpu_secs(pid, tck) - cpu0;
     let api1 = api_requests(metrics_addr).await;
     let api_to_ready = request_rates(&api0, &api1, all_ready_secs);
-    let (sts, ready, missing, created_sts, created_ready) = {
-        let s = seen.lock().expect("seen lock");
-        let since_created = |m: &HashMap<String, Instant>| {
-            let mut v: Vec<f64> = names
-                .iter()
-                .filter_map(|nm| {
-                    Some(
-                        m.get(nm)?
-                            .saturating_duration_since(*s.created.get(nm)?)
-                            .as_secs_f64(),
-                    )
-                })
-                .collect();
-            v.sort_by(f64::total_cmp);
-            v
-        };
-        let (created_sts, created_ready) = (since_created(&s.sts), since_created(&s.ready));
-        let mut sts: Vec<f64> = names
-            .iter()
-            .filter_map(|nm| Some(s.sts.get(nm)?.duration_since(t0[nm]).as_secs_f64()))
-            .collect();
-        let mut ready: Vec<f64> = names
-            .iter()
-            .filter_map(|nm| Some(s.ready.get(nm)?.duration_since(t0[nm]).as_secs_f64()))
-            .collect();
-        sts.sort_by(f64::total_cmp);
-        ready.sort_by(f64::total_cmp);
-        let missing = n - ready.len();
-        (sts, ready, missing, created_sts, created_ready)
-    };
+    let (sts, ready, missing, created_sts, created_ready) = first_sightings(seen, &names, &t0);
     println!(
         "  {mode}: {}/{n} Ready after {all_ready_secs:.1} s; sampling RSS for {idle_secs} s (load {})",
         n - missing,
@@ -485,19 +525,124 @@ fn topics_with_prefix(prefix: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The modes of BENCH_OPERATOR_MODE, in order.
+fn modes_from_env() -> Vec<&'static str> {
+    let mode = std::env::var("BENCH_OPERATOR_MODE").unwrap_or_else(|_| "burst".into());
+    match mode.as_str() {
+        "burst" => vec!["burst"],
+        "sequential" => vec!["sequential"],
+        "both" => vec!["burst", "sequential"],
+        other => panic!("BENCH_OPERATOR_MODE must be burst, sequential or both, not {other}"),
+    }
+}
+
+/// The operator alone, started and watching an empty namespace: its memory readings
+/// over 5 s and the CPU seconds it took to start.
+async fn operator_alone(pid: u32, tck: f64) -> (Mem, f64) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu_start = cpu_secs(pid, tck);
+    let (baseline, _) = sample_idle(pid, 5).await;
+    println!(
+        "  0 apps: VmRSS {:.1} MiB (anon {:.1}, file {:.1}), {} threads, {:.2} CPU s to start",
+        mib(baseline.rss_kib),
+        mib(baseline.anon_kib),
+        mib(baseline.file_kib),
+        baseline.threads,
+        cpu_start
+    );
+    (baseline, cpu_start)
+}
+
+/// The table: the operator alone (`baseline`, `cpu_start`), then a row per run.
+fn print_table(
+    load_start: &str,
+    load_end: &str,
+    baseline: &Mem,
+    cpu_start: f64,
+    results: &[RunResult],
+) {
+    println!();
+    println!(
+        "Operator, N StreamApps (stand-in workers, 1 replica, 2 stores each), load average {load_start} at start, {load_end} at end"
+    );
+    println!();
+    println!(
+        "| mode | N | Ready | idle VmRSS median | VmHWM peak | RssAnon / RssFile | apply→StatefulSet p50 / p99 / max | apply→Ready p50 / p99 / max | all N Ready | kubectl apply | CPU s to Ready / per idle min | delete all |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| none | 0 | – | {:.1} MiB | {:.1} MiB | {:.1} / {:.1} MiB | – | – | – | – | {:.2} to start | – |",
+        mib(baseline.rss_kib),
+        mib(baseline.hwm_kib),
+        mib(baseline.anon_kib),
+        mib(baseline.file_kib),
+        cpu_start
+    );
+    for r in results {
+        println!(
+            "| {} | {} | {}/{} | {:.1} MiB | {:.1} MiB | {:.1} / {:.1} MiB | {:.2} / {:.2} / {:.2} s | {:.2} / {:.2} / {:.2} s | {:.1} s | {:.2} s | {:.2} / {:.2} | {:.1} s |",
+            r.mode,
+            r.n,
+            r.n - r.missing,
+            r.n,
+            mib(r.idle.rss_kib),
+            mib(r.idle.hwm_kib),
+            mib(r.idle.anon_kib),
+            mib(r.idle.file_kib),
+            pct(&r.sts, 0.5),
+            pct(&r.sts, 0.99),
+            pct(&r.sts, 1.0),
+            pct(&r.ready, 0.5),
+            pct(&r.ready, 0.99),
+            pct(&r.ready, 1.0),
+            r.all_ready_secs,
+            r.apply_secs,
+            r.cpu_to_ready,
+            r.cpu_idle * 60.0 / r.idle_secs as f64,
+            r.delete_secs,
+        );
+    }
+    println!();
+}
+
+/// Each run's times from creation, idle and after-delete memory, threads and sockets,
+/// and API request rates.
+fn print_details(results: &[RunResult]) {
+    for r in results {
+        println!(
+            "{}: from the StreamApp's creation (first watch event; kubectl applies one object at a time): to StatefulSet p50 / p99 / max {:.2} / {:.2} / {:.2} s, to Ready {:.2} / {:.2} / {:.2} s",
+            r.mode,
+            pct(&r.created_sts, 0.5),
+            pct(&r.created_sts, 0.99),
+            pct(&r.created_sts, 1.0),
+            pct(&r.created_ready, 0.5),
+            pct(&r.created_ready, 0.99),
+            pct(&r.created_ready, 1.0),
+        );
+    }
+    for r in results {
+        println!(
+            "{}: idle peak VmRSS {:.1} MiB, {} threads; 5 s after deleting all: VmRSS {:.1} MiB",
+            r.mode,
+            mib(r.idle_peak_rss_kib),
+            r.idle.threads,
+            mib(r.after_delete.rss_kib)
+        );
+        println!("{}: at the end of idle: {}", r.mode, r.threads_sockets);
+        println!(
+            "{}: operator API requests from apply to all Ready {}; idle {}",
+            r.mode, r.api_to_ready, r.api_idle
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| env_or("BENCH_OPERATOR_APPS", 50));
-    let mode = std::env::var("BENCH_OPERATOR_MODE").unwrap_or_else(|_| "burst".into());
-    let modes: Vec<&'static str> = match mode.as_str() {
-        "burst" => vec!["burst"],
-        "sequential" => vec!["sequential"],
-        "both" => vec!["burst", "sequential"],
-        other => panic!("BENCH_OPERATOR_MODE must be burst, sequential or both, not {other}"),
-    };
+    let modes = modes_from_env();
     if let Ok(prefix) = std::env::var("BENCH_OPERATOR_CLEAN_PREFIX") {
         // After an interrupted run: delete the topics of run `prefix` (e.g. ob-1a2b3c4).
         let topics = topics_with_prefix(&prefix);
@@ -528,17 +673,7 @@ async fn main() {
     );
 
     // The operator alone: started, watching an empty namespace.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let cpu_start = cpu_secs(pid, tck);
-    let (baseline, _) = sample_idle(pid, 5).await;
-    println!(
-        "  0 apps: VmRSS {:.1} MiB (anon {:.1}, file {:.1}), {} threads, {:.2} CPU s to start",
-        mib(baseline.rss_kib),
-        mib(baseline.anon_kib),
-        mib(baseline.file_kib),
-        baseline.threads,
-        cpu_start
-    );
+    let (baseline, cpu_start) = operator_alone(pid, tck).await;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     start_watches(&client, &ns.name, seen.clone()).await;
@@ -571,74 +706,8 @@ async fn main() {
     delete_topics(&topics).await;
     let leftovers = topics_with_prefix(&format!("{run}-"));
 
-    println!();
-    println!(
-        "Operator, N StreamApps (stand-in workers, 1 replica, 2 stores each), load average {load_start} at start, {load_end} at end"
-    );
-    println!();
-    println!(
-        "| mode | N | Ready | idle VmRSS median | VmHWM peak | RssAnon / RssFile | apply→StatefulSet p50 / p99 / max | apply→Ready p50 / p99 / max | all N Ready | kubectl apply | CPU s to Ready / per idle min | delete all |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| none | 0 | – | {:.1} MiB | {:.1} MiB | {:.1} / {:.1} MiB | – | – | – | – | {:.2} to start | – |",
-        mib(baseline.rss_kib),
-        mib(baseline.hwm_kib),
-        mib(baseline.anon_kib),
-        mib(baseline.file_kib),
-        cpu_start
-    );
-    for r in &results {
-        println!(
-            "| {} | {} | {}/{} | {:.1} MiB | {:.1} MiB | {:.1} / {:.1} MiB | {:.2} / {:.2} / {:.2} s | {:.2} / {:.2} / {:.2} s | {:.1} s | {:.2} s | {:.2} / {:.2} | {:.1} s |",
-            r.mode,
-            r.n,
-            r.n - r.missing,
-            r.n,
-            mib(r.idle.rss_kib),
-            mib(r.idle.hwm_kib),
-            mib(r.idle.anon_kib),
-            mib(r.idle.file_kib),
-            pct(&r.sts, 0.5),
-            pct(&r.sts, 0.99),
-            pct(&r.sts, 1.0),
-            pct(&r.ready, 0.5),
-            pct(&r.ready, 0.99),
-            pct(&r.ready, 1.0),
-            r.all_ready_secs,
-            r.apply_secs,
-            r.cpu_to_ready,
-            r.cpu_idle * 60.0 / r.idle_secs as f64,
-            r.delete_secs,
-        );
-    }
-    println!();
-    for r in &results {
-        println!(
-            "{}: from the StreamApp's creation (first watch event; kubectl applies one object at a time): to StatefulSet p50 / p99 / max {:.2} / {:.2} / {:.2} s, to Ready {:.2} / {:.2} / {:.2} s",
-            r.mode,
-            pct(&r.created_sts, 0.5),
-            pct(&r.created_sts, 0.99),
-            pct(&r.created_sts, 1.0),
-            pct(&r.created_ready, 0.5),
-            pct(&r.created_ready, 0.99),
-            pct(&r.created_ready, 1.0),
-        );
-    }
-    for r in &results {
-        println!(
-            "{}: idle peak VmRSS {:.1} MiB, {} threads; 5 s after deleting all: VmRSS {:.1} MiB",
-            r.mode,
-            mib(r.idle_peak_rss_kib),
-            r.idle.threads,
-            mib(r.after_delete.rss_kib)
-        );
-        println!("{}: at the end of idle: {}", r.mode, r.threads_sockets);
-        println!(
-            "{}: operator API requests from apply to all Ready {}; idle {}",
-            r.mode, r.api_to_ready, r.api_idle
-        );
-    }
+    print_table(&load_start, &load_end, &baseline, cpu_start, &results);
+    print_details(&results);
     println!(
         "operator total: {cpu_total:.2} CPU s, VmHWM {:.1} MiB, final VmRSS {:.1} MiB",
         mib(final_mem.hwm_kib),

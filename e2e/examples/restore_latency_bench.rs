@@ -32,7 +32,7 @@ use oxbow_e2e::harness::{
     TestNamespace, install_crd, kafka_bootstrap, kube_client, stack_var, unique, wait_for,
 };
 use oxbow_e2e::streams::preload_task0_counts;
-use oxbow_e2e::workers::{WorkerProc, assignment, placement as on, played_app, publish};
+use oxbow_e2e::workers::{PlayedApp, WorkerProc, assignment, placement as on, played_app, publish};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
@@ -141,35 +141,30 @@ fn percentiles(lat: &mut [i64]) -> (i64, i64, i64) {
     (at(0.5), at(0.99), at(1.0))
 }
 
-#[tokio::main]
-async fn main() {
-    let keys: usize = env_or("BENCH_RESTORE_KEYS", 2_000_000);
-    let rate: u64 = env_or("BENCH_RESTORE_RATE", 1000);
-    let baseline = Duration::from_secs(env_or("BENCH_RESTORE_BASELINE_SECS", 10));
-    let guarantee: String = env_or("BENCH_RESTORE_GUARANTEE", "exactly_once".to_string());
-    install_crd();
-    let client = kube_client().await;
-    let ns = TestNamespace::create(&client, "restore-latency").await;
-    let played = played_app(&ns.name, &unique("rlat"), &guarantee, 3).await;
+/// Tasks 1 and 2 on pod `a_pod`; task 0 on `gone_pod`, which never starts: publishes that
+/// assignment, starts A and waits until it runs its two tasks.
+async fn start_a(
+    ns: &str,
+    played: &PlayedApp,
+    cms: &Api<ConfigMap>,
+    a_pod: &str,
+    gone_pod: &str,
+    kubeconfig: &str,
+) -> WorkerProc {
     let app = &played.name;
-    let kubeconfig = stack_var("KUBECONFIG");
-    let [a_pod, gone_pod] = [0, 1].map(|i| format!("{app}-{i}"));
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-
-    // Tasks 1 and 2 on A; task 0 on a pod that never starts, its changelog pre-loaded.
     let gen1 = assignment(
         1,
-        [on(&gone_pod, &[]), on(&a_pod, &[]), on(&a_pod, &[])],
-        &[a_pod.as_str(), gone_pod.as_str()],
+        [on(gone_pod, &[]), on(a_pod, &[]), on(a_pod, &[])],
+        &[a_pod, gone_pod],
     );
-    publish(&cms, app, &gen1).await;
+    publish(cms, app, &gen1).await;
     let a = WorkerProc::start(
-        &ns.name,
+        ns,
         app,
-        &a_pod,
+        a_pod,
         &played.config,
         &played.dir,
-        Path::new(&kubeconfig),
+        Path::new(kubeconfig),
     );
     wait_for(
         "A to run tasks 1 and 2",
@@ -182,9 +177,32 @@ async fn main() {
         },
     )
     .await;
-    eprintln!("pre-loading {keys} keys into task 0's changelog…");
-    preload_task0_counts(&ns.name, app, keys).await;
+    a
+}
 
+/// What a measurement saw: every output (input timestamp, latency ms), the bounds of
+/// the steady window and of the restore (epoch ms), the worker's restore line and the
+/// inputs sent.
+struct Measured {
+    out: Vec<(i64, i64)>,
+    steady_from: i64,
+    assigned: i64,
+    restored: i64,
+    restore: String,
+    total: u64,
+}
+
+/// Runs the steady input and the output reader through a `baseline` window, then moves
+/// task 0 to A (pod `a_pod`) and waits for its restore and for every input's output.
+async fn measure(
+    a: &WorkerProc,
+    played: &PlayedApp,
+    cms: &Api<ConfigMap>,
+    a_pod: &str,
+    rate: u64,
+    baseline: Duration,
+) -> Measured {
+    let app = &played.name;
     // The steady input and the output reader run through the whole measurement.
     let stop_in = Arc::new(AtomicBool::new(false));
     let stop_out = Arc::new(AtomicBool::new(false));
@@ -206,10 +224,10 @@ async fn main() {
     let assigned = now_ms();
     let gen2 = assignment(
         2,
-        [on(&a_pod, &[]), on(&a_pod, &[]), on(&a_pod, &[])],
-        &[a_pod.as_str()],
+        [on(a_pod, &[]), on(a_pod, &[]), on(a_pod, &[])],
+        &[a_pod],
     );
-    publish(&cms, app, &gen2).await;
+    publish(cms, app, &gen2).await;
     wait_for(
         "A to run task 0 after its restore",
         Duration::from_secs(300),
@@ -217,7 +235,7 @@ async fn main() {
             let ra = a.running();
             (ra == ["0_0", "0_1", "0_2"])
                 .then_some(())
-                .ok_or_else(|| format!("A runs {ra:?}, task 0 {:?}", task_state(&a, "0_0")))
+                .ok_or_else(|| format!("A runs {ra:?}, task 0 {:?}", task_state(a, "0_0")))
         },
     )
     .await;
@@ -243,15 +261,30 @@ async fn main() {
     .await;
     stop_out.store(true, Ordering::Relaxed);
     let out = reader.join().expect("reader thread");
-    drop(a);
+    Measured {
+        out,
+        steady_from,
+        assigned,
+        restored,
+        restore,
+        total,
+    }
+}
 
+/// Prints the table of the steady window and the restore's; returns how many outputs
+/// each had.
+fn print_report(m: &Measured, guarantee: &str, rate: u64, keys: usize) -> (usize, usize) {
     let window = |from: i64, to: i64| -> Vec<i64> {
-        out.iter()
+        m.out
+            .iter()
             .filter(|(ts, _)| (from..to).contains(ts))
             .map(|(_, l)| *l)
             .collect()
     };
-    let (mut before, mut during) = (window(steady_from, assigned), window(assigned, restored));
+    let (mut before, mut during) = (
+        window(m.steady_from, m.assigned),
+        window(m.assigned, m.restored),
+    );
     let (b50, b99, bmax) = percentiles(&mut before);
     let (d50, d99, dmax) = percentiles(&mut during);
     println!(
@@ -265,20 +298,46 @@ async fn main() {
     );
     println!(
         "| during the restore ({:.1} s) | {} | {d50} | {d99} | {dmax} |",
-        (restored - assigned) as f64 / 1000.0,
+        (m.restored - m.assigned) as f64 / 1000.0,
         during.len()
     );
     println!(
-        "\np99 during / before: {:.2}x; {total} inputs, {} outputs\nworker: {}",
+        "\np99 during / before: {:.2}x; {} inputs, {} outputs\nworker: {}",
         d99 as f64 / b99.max(1) as f64,
-        out.len(),
-        restore.trim()
+        m.total,
+        m.out.len(),
+        m.restore.trim()
     );
+    (before.len(), during.len())
+}
+
+#[tokio::main]
+async fn main() {
+    let keys: usize = env_or("BENCH_RESTORE_KEYS", 2_000_000);
+    let rate: u64 = env_or("BENCH_RESTORE_RATE", 1000);
+    let baseline = Duration::from_secs(env_or("BENCH_RESTORE_BASELINE_SECS", 10));
+    let guarantee: String = env_or("BENCH_RESTORE_GUARANTEE", "exactly_once".to_string());
+    install_crd();
+    let client = kube_client().await;
+    let ns = TestNamespace::create(&client, "restore-latency").await;
+    let played = played_app(&ns.name, &unique("rlat"), &guarantee, 3).await;
+    let app = &played.name;
+    let kubeconfig = stack_var("KUBECONFIG");
+    let [a_pod, gone_pod] = [0, 1].map(|i| format!("{app}-{i}"));
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+
+    // Tasks 1 and 2 on A; task 0 on a pod that never starts, its changelog pre-loaded.
+    let a = start_a(&ns.name, &played, &cms, &a_pod, &gone_pod, &kubeconfig).await;
+    eprintln!("pre-loading {keys} keys into task 0's changelog…");
+    preload_task0_counts(&ns.name, app, keys).await;
+
+    let m = measure(&a, &played, &cms, &a_pod, rate, baseline).await;
+    drop(a);
+
+    let (before, during) = print_report(&m, &guarantee, rate, keys);
     ns.delete().await;
     assert!(
-        !during.is_empty() && !before.is_empty(),
-        "a window without outputs: before {}, during {}",
-        before.len(),
-        during.len()
+        during > 0 && before > 0,
+        "a window without outputs: before {before}, during {during}"
     );
 }

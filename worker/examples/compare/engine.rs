@@ -234,128 +234,23 @@ fn oxbow_manifest(setup: &Setup, s: &Spec) -> String {
     }
 }
 
+/// The log file of an engine (its stderr), appended to.
+fn open_log(log: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file")
+}
+
 pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
     std::fs::create_dir_all(&s.state).expect("state dir");
     let log = setup.scratch.join(format!("{}.log", s.app));
-    let logf = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file")
-    };
     let ks = Arc::new(Mutex::new(KsLog::default()));
     let (child, addr, query_addr) = match s.kind {
-        Kind::Oxbow => {
-            let manifest = setup.scratch.join(format!("{}.yaml", s.app));
-            std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
-            let port = setup.port.fetch_add(1, Ordering::Relaxed);
-            let addr = format!("127.0.0.1:{port}");
-            let child = Command::new(&setup.worker)
-                .args(["run", "--config"])
-                .arg(&manifest)
-                .arg("--state-dir")
-                .arg(&s.state)
-                .args([
-                    "--listen",
-                    &addr,
-                    "--memory-mib",
-                    &setup.memory_mib.to_string(),
-                    "--threads",
-                    &setup.threads.to_string(),
-                    // As the operator runs a new app; BENCH_STORE_ENCODING=json for the
-                    // encoding of an app an earlier operator ran.
-                    "--store-encoding",
-                    &std::env::var("BENCH_STORE_ENCODING").unwrap_or_else(|_| "binary".into()),
-                ])
-                .env(
-                    "RUST_LOG",
-                    std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-                )
-                .stdout(Stdio::null())
-                .stderr(logf())
-                .spawn()
-                .expect("spawn oxbow-worker");
-            (child, Some(addr.clone()), Some(addr))
-        }
-        Kind::KStreams => {
-            let query_addr = s.query.then(|| {
-                let port = setup.port.fetch_add(1, Ordering::Relaxed);
-                format!("127.0.0.1:{port}")
-            });
-            let mut cmd = Command::new(&setup.java);
-            cmd.args(&setup.java_opts)
-                .arg("-cp")
-                .arg(&setup.ks_classpath)
-                .arg("dev.oxbow.bench.KStreamsBench")
-                .arg(format!("workload={}", s.workload))
-                .arg(format!("app={}", s.app))
-                .arg(format!("bootstrap={}", setup.bootstrap))
-                .arg(format!("input={}", s.input))
-                .arg(format!("output={}", s.output))
-                .arg(format!("dlq={}", s.dlq))
-                .arg(format!("table={}", s.table))
-                .arg(format!("guarantee={}", s.guarantee.kstreams()))
-                .arg(format!("threads={}", setup.threads))
-                .arg(format!("stateDir={}", s.state.display()))
-                .arg(format!("commitMs={}", setup.commit_ms))
-                .arg(format!("cacheBytes={}", setup.ks_cache_bytes))
-                .args(&setup.ks_props)
-                .args(&s.extra)
-                .args(
-                    query_addr
-                        .as_deref()
-                        .and_then(|a| a.rsplit_once(':'))
-                        .map(|(_, port)| format!("queryPort={port}")),
-                )
-                .stdout(Stdio::piped())
-                .stderr(logf());
-            let mut child = cmd.spawn().expect("spawn java (Kafka Streams peer)");
-            let out = child.stdout.take().expect("stdout");
-            let ks2 = ks.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                        continue;
-                    };
-                    let t = v["t"].as_i64().unwrap_or(0);
-                    let part = v["partition"].as_i64().unwrap_or(-1) as i32;
-                    let mut l = ks2.lock().expect("ks log");
-                    match v["event"].as_str().unwrap_or("") {
-                        "start" => l.version = v["kafkaStreams"].as_str().unwrap_or("").into(),
-                        "state" => l.running = v["state"] == "RUNNING",
-                        "error" => l.error = Some(v["message"].as_str().unwrap_or("").into()),
-                        "restore_start" => {
-                            l.restore_starts
-                                .push((t, part, v["startOffset"].as_i64().unwrap_or(0)))
-                        }
-                        "restore_end" => {
-                            l.restore_ends
-                                .push((t, part, v["restored"].as_i64().unwrap_or(0)))
-                        }
-                        _ => {}
-                    }
-                }
-            });
-            (child, None, query_addr)
-        }
-        Kind::Pipe => {
-            let child = Command::new(std::env::current_exe().expect("exe"))
-                .args([
-                    "pipe",
-                    &setup.bootstrap,
-                    &s.input,
-                    &s.output,
-                    &s.app,
-                    s.guarantee.oxbow(),
-                    &setup.commit_ms.to_string(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(logf())
-                .spawn()
-                .expect("spawn pipe");
-            (child, None, None)
-        }
+        Kind::Oxbow => spawn_oxbow(setup, s, &log),
+        Kind::KStreams => spawn_kstreams(setup, s, &log, &ks),
+        Kind::Pipe => spawn_pipe(setup, s, &log),
     };
     Proc {
         kind: s.kind,
@@ -365,6 +260,129 @@ pub fn spawn(setup: &Setup, s: &Spec) -> Proc {
         ks,
         log,
     }
+}
+
+/// A spawned engine: the process, its status address, where its store is read back.
+type Spawned = (Child, Option<String>, Option<String>);
+
+/// The Oxbow worker on `s`'s manifest, its HTTP address for status and queries.
+fn spawn_oxbow(setup: &Setup, s: &Spec, log: &Path) -> Spawned {
+    let manifest = setup.scratch.join(format!("{}.yaml", s.app));
+    std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
+    let port = setup.port.fetch_add(1, Ordering::Relaxed);
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(&setup.worker)
+        .args(["run", "--config"])
+        .arg(&manifest)
+        .arg("--state-dir")
+        .arg(&s.state)
+        .args([
+            "--listen",
+            &addr,
+            "--memory-mib",
+            &setup.memory_mib.to_string(),
+            "--threads",
+            &setup.threads.to_string(),
+            // As the operator runs a new app; BENCH_STORE_ENCODING=json for the
+            // encoding of an app an earlier operator ran.
+            "--store-encoding",
+            &std::env::var("BENCH_STORE_ENCODING").unwrap_or_else(|_| "binary".into()),
+        ])
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(open_log(log))
+        .spawn()
+        .expect("spawn oxbow-worker");
+    (child, Some(addr.clone()), Some(addr))
+}
+
+/// The Kafka Streams peer; its JSON-line events on stdout go to `ks`.
+fn spawn_kstreams(setup: &Setup, s: &Spec, log: &Path, ks: &Arc<Mutex<KsLog>>) -> Spawned {
+    let query_addr = s.query.then(|| {
+        let port = setup.port.fetch_add(1, Ordering::Relaxed);
+        format!("127.0.0.1:{port}")
+    });
+    let mut cmd = Command::new(&setup.java);
+    cmd.args(&setup.java_opts)
+        .arg("-cp")
+        .arg(&setup.ks_classpath)
+        .arg("dev.oxbow.bench.KStreamsBench")
+        .arg(format!("workload={}", s.workload))
+        .arg(format!("app={}", s.app))
+        .arg(format!("bootstrap={}", setup.bootstrap))
+        .arg(format!("input={}", s.input))
+        .arg(format!("output={}", s.output))
+        .arg(format!("dlq={}", s.dlq))
+        .arg(format!("table={}", s.table))
+        .arg(format!("guarantee={}", s.guarantee.kstreams()))
+        .arg(format!("threads={}", setup.threads))
+        .arg(format!("stateDir={}", s.state.display()))
+        .arg(format!("commitMs={}", setup.commit_ms))
+        .arg(format!("cacheBytes={}", setup.ks_cache_bytes))
+        .args(&setup.ks_props)
+        .args(&s.extra)
+        .args(
+            query_addr
+                .as_deref()
+                .and_then(|a| a.rsplit_once(':'))
+                .map(|(_, port)| format!("queryPort={port}")),
+        )
+        .stdout(Stdio::piped())
+        .stderr(open_log(log));
+    let mut child = cmd.spawn().expect("spawn java (Kafka Streams peer)");
+    let out = child.stdout.take().expect("stdout");
+    follow_ks_events(out, ks.clone());
+    (child, None, query_addr)
+}
+
+/// Reads the peer's JSON-line events from `out` into `ks` on a thread of its own.
+fn follow_ks_events(out: std::process::ChildStdout, ks: Arc<Mutex<KsLog>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let t = v["t"].as_i64().unwrap_or(0);
+            let part = v["partition"].as_i64().unwrap_or(-1) as i32;
+            let mut l = ks.lock().expect("ks log");
+            match v["event"].as_str().unwrap_or("") {
+                "start" => l.version = v["kafkaStreams"].as_str().unwrap_or("").into(),
+                "state" => l.running = v["state"] == "RUNNING",
+                "error" => l.error = Some(v["message"].as_str().unwrap_or("").into()),
+                "restore_start" => {
+                    l.restore_starts
+                        .push((t, part, v["startOffset"].as_i64().unwrap_or(0)))
+                }
+                "restore_end" => {
+                    l.restore_ends
+                        .push((t, part, v["restored"].as_i64().unwrap_or(0)))
+                }
+                _ => {}
+            }
+        }
+    });
+}
+
+/// This binary's raw pipe.
+fn spawn_pipe(setup: &Setup, s: &Spec, log: &Path) -> Spawned {
+    let child = Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "pipe",
+            &setup.bootstrap,
+            &s.input,
+            &s.output,
+            &s.app,
+            s.guarantee.oxbow(),
+            &setup.commit_ms.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(open_log(log))
+        .spawn()
+        .expect("spawn pipe");
+    (child, None, None)
 }
 
 impl Proc {

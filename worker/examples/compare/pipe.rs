@@ -24,12 +24,9 @@ fn flush(p: &ThreadedProducer<DefaultProducerContext>) {
     }
 }
 
-pub fn run(args: &[String]) {
-    let [bootstrap, input, output, group, guarantee, commit_ms] = args else {
-        panic!("pipe <bootstrap> <input> <output> <group> <guarantee> <commit ms>");
-    };
-    let eos = guarantee == "exactly_once";
-    let commit = Duration::from_millis(commit_ms.parse().expect("commit ms"));
+/// A consumer of every partition of `input` from `group`'s committed offsets (the
+/// beginning where none), read_committed under exactly-once.
+fn consumer(bootstrap: &str, input: &str, group: &str, eos: bool) -> BaseConsumer {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", bootstrap)
         .set("group.id", group)
@@ -66,7 +63,11 @@ pub fn run(args: &[String]) {
             .expect("partition");
     }
     consumer.assign(&assign).expect("assign");
+    consumer
+}
 
+/// The worker's producer settings; under exactly-once transactional, a transaction begun.
+fn producer(bootstrap: &str, group: &str, eos: bool) -> ThreadedProducer<DefaultProducerContext> {
     let mut pc = ClientConfig::new();
     pc.set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -84,6 +85,61 @@ pub fn run(args: &[String]) {
             .expect("init_transactions");
         producer.begin_transaction().expect("begin");
     }
+    producer
+}
+
+/// Sends `rec`, waiting while the producer's queue is full.
+fn send_all(producer: &ThreadedProducer<DefaultProducerContext>, mut rec: BaseRecord<[u8], [u8]>) {
+    loop {
+        match producer.send(rec) {
+            Ok(()) => break,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err((e, _)) => panic!("produce: {e}"),
+        }
+    }
+}
+
+/// Commits `next` (the offsets of `input` to resume from): in the transaction (and begins
+/// the next) under exactly-once; after a flush otherwise.
+fn commit(
+    consumer: &BaseConsumer,
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    input: &str,
+    next: &BTreeMap<i32, i64>,
+    eos: bool,
+) {
+    let mut offsets = TopicPartitionList::new();
+    for (p, o) in next {
+        offsets
+            .add_partition_offset(input, *p, Offset::Offset(*o))
+            .expect("offset");
+    }
+    if eos {
+        let cgm = consumer.group_metadata().expect("group metadata");
+        producer
+            .send_offsets_to_transaction(&offsets, &cgm, Duration::from_secs(30))
+            .expect("send offsets");
+        producer
+            .commit_transaction(Duration::from_secs(30))
+            .expect("commit");
+        producer.begin_transaction().expect("begin");
+    } else {
+        flush(producer);
+        consumer.commit(&offsets, CommitMode::Sync).expect("commit");
+    }
+}
+
+pub fn run(args: &[String]) {
+    let [bootstrap, input, output, group, guarantee, commit_ms] = args else {
+        panic!("pipe <bootstrap> <input> <output> <group> <guarantee> <commit ms>");
+    };
+    let eos = guarantee == "exactly_once";
+    let commit_every = Duration::from_millis(commit_ms.parse().expect("commit ms"));
+    let consumer = consumer(bootstrap, input, group, eos);
+    let producer = producer(bootstrap, group, eos);
 
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     let mut dirty = false;
@@ -97,42 +153,15 @@ pub fn run(args: &[String]) {
                 if let Some(ts) = m.timestamp().to_millis() {
                     rec = rec.timestamp(ts);
                 }
-                loop {
-                    match producer.send(rec) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                            rec = back;
-                            std::thread::sleep(Duration::from_micros(200));
-                        }
-                        Err((e, _)) => panic!("produce: {e}"),
-                    }
-                }
+                send_all(&producer, rec);
                 next.insert(m.partition(), m.offset() + 1);
                 dirty = true;
             }
             Some(Err(e)) => panic!("consume: {e}"),
             None => {}
         }
-        if dirty && last.elapsed() >= commit {
-            let mut offsets = TopicPartitionList::new();
-            for (p, o) in &next {
-                offsets
-                    .add_partition_offset(input, *p, Offset::Offset(*o))
-                    .expect("offset");
-            }
-            if eos {
-                let cgm = consumer.group_metadata().expect("group metadata");
-                producer
-                    .send_offsets_to_transaction(&offsets, &cgm, Duration::from_secs(30))
-                    .expect("send offsets");
-                producer
-                    .commit_transaction(Duration::from_secs(30))
-                    .expect("commit");
-                producer.begin_transaction().expect("begin");
-            } else {
-                flush(&producer);
-                consumer.commit(&offsets, CommitMode::Sync).expect("commit");
-            }
+        if dirty && last.elapsed() >= commit_every {
+            commit(&consumer, &producer, input, &next, eos);
             dirty = false;
             last = Instant::now();
         }
