@@ -112,9 +112,13 @@ impl Poller {
     /// there: the turn reads the partitions' queues only once the consumer's is empty,
     /// so a partition's records keep their order.
     fn split(&mut self, topic: &str, partition: i32) {
+        // The old handle goes first: a handle's drop disables the wake callback of the
+        // partition's queue, which the new handle shares with it.
+        let key = (topic.to_string(), partition);
+        self.queues.remove(&key);
         if let Some(mut q) = self.consumer.split_partition_queue(topic, partition) {
             q.set_nonempty_callback(self.wake.callback());
-            self.queues.insert((topic.to_string(), partition), q);
+            self.queues.insert(key, q);
         }
     }
 }
