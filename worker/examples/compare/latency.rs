@@ -95,10 +95,7 @@ impl Bench {
             std::thread::spawn(move || read_latencies(bootstrap, output, parts, stop2, warm_until));
         let (_prod, total) = self.send_at_rate(&input, rate, secs);
         // Let the outputs drain, then stop the reader.
-        let ends = self
-            .k
-            .end_offsets(&input, self.cfg.partitions)
-            .expect("ends");
+        let ends = self.input_ends(&input);
         let offsets = self.k.offsets_reader(&s.app);
         let drained = wait_committed(
             &offsets,

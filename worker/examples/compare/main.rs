@@ -105,6 +105,27 @@ struct Bench {
 const LONG: Duration = Duration::from_secs(1800);
 
 impl Bench {
+    /// The end offsets of a generated input: where a run over it is complete.
+    fn input_ends(&self, input: &str) -> Vec<i64> {
+        self.k
+            .end_offsets(input, self.cfg.partitions)
+            .expect("ends")
+    }
+
+    /// Each run of each selected engine that keeps state (the raw pipe has no
+    /// counterpart of a stateful workload), in the order the runs go.
+    fn engine_runs(&self) -> Vec<(u64, Kind)> {
+        (1..=self.cfg.runs)
+            .flat_map(|run| {
+                self.cfg
+                    .engines
+                    .iter()
+                    .filter(|k| **k != Kind::Pipe)
+                    .map(move |k| (run, *k))
+            })
+            .collect()
+    }
+
     fn spec(
         &self,
         kind: Kind,

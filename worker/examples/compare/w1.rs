@@ -23,10 +23,7 @@ impl Bench {
             self.cfg.seed,
             self.base_ts,
         );
-        let ends = self
-            .k
-            .end_offsets(&input, self.cfg.partitions)
-            .expect("ends");
+        let ends = self.input_ends(&input);
         (input, expected, ends)
     }
 

@@ -23,10 +23,7 @@ impl Bench {
         self.k.create_topic(&tail_topic, self.cfg.partitions);
         eprintln!("W3: generating {keys} keys into {input}…");
         let base = workload::w3(&self.k, &input, 0..keys, self.cfg.seed, self.base_ts);
-        let ends = self
-            .k
-            .end_offsets(&input, self.cfg.partitions)
-            .expect("ends");
+        let ends = self.input_ends(&input);
         let both = format!("{input},{tail_topic}");
         let specs = self.w3_build_stores(&both, &ends, keys);
         // The tail: `tail` more updates, applied by each engine to its live state only.

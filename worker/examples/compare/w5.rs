@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::{Guarantee, Kind};
+use crate::engine::Guarantee;
 use crate::kafka::committed;
 use crate::{Bench, LONG, workload};
 
@@ -36,32 +36,25 @@ impl Bench {
             self.cfg.seed,
             self.base_ts,
         );
-        let ends = self
-            .k
-            .end_offsets(&input, self.cfg.partitions)
-            .expect("ends");
+        let ends = self.input_ends(&input);
         let records = self.cfg.records as f64;
-        for run in 1..=self.cfg.runs {
-            for &kind in &self.cfg.engines {
-                if kind == Kind::Pipe {
+        for (run, kind) in self.engine_runs() {
+            let app = format!("{}w5-{}-{run}", self.prefix, kind.name());
+            let mut s = self.spec(kind, "w5", Guarantee::Eos, app, &input);
+            s.table = users.clone();
+            self.k.create_topic(&s.output, self.cfg.partitions);
+            eprintln!("W5 EOS run {run}: {}…", kind.name());
+            let label = format!("W5 EOS run {run} {}", kind.name());
+            let (secs, rss, cpu) = match self.until_quiet(&s, &ends) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.report.check(format!("{label}: {e}"), false);
                     continue;
                 }
-                let app = format!("{}w5-{}-{run}", self.prefix, kind.name());
-                let mut s = self.spec(kind, "w5", Guarantee::Eos, app, &input);
-                s.table = users.clone();
-                self.k.create_topic(&s.output, self.cfg.partitions);
-                eprintln!("W5 EOS run {run}: {}…", kind.name());
-                let label = format!("W5 EOS run {run} {}", kind.name());
-                let (secs, rss, cpu) = match self.until_quiet(&s, &ends) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        self.report.check(format!("{label}: {e}"), false);
-                        continue;
-                    }
-                };
-                match workload::check_w5(&self.k, &s.output, self.cfg.partitions, &exp) {
-                    Ok(n) => {
-                        self.report.check(
+            };
+            match workload::check_w5(&self.k, &s.output, self.cfg.partitions, &exp) {
+                Ok(n) => {
+                    self.report.check(
                             format!(
                                 "{label}: {} (user, window) aggregates as generated with each user's limit, {} re-sends dropped; {n} outputs",
                                 exp.windows.len(),
@@ -69,11 +62,10 @@ impl Bench {
                             ),
                             true,
                         );
-                        self.report
-                            .add_run("W5 EOS", kind, records, (secs, rss, cpu));
-                    }
-                    Err(e) => self.report.check(format!("{label}: {e}"), false),
+                    self.report
+                        .add_run("W5 EOS", kind, records, (secs, rss, cpu));
                 }
+                Err(e) => self.report.check(format!("{label}: {e}"), false),
             }
         }
     }
