@@ -10,7 +10,7 @@ CARGO ?= cargo
 CARGO_PROFILE := --release
 STACK := e2e/stack
 
-.PHONY: help prereqs build images up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports bench-restore
+.PHONY: help prereqs stack-build build images up down status demo test test-unit test-e2e lint fmt clean-stack bench-worker bench bench-operator bench-reports bench-restore
 
 help:
 	@echo "make demo    bring up the local stack and run the example end to end"
@@ -20,6 +20,7 @@ help:
 	@echo "make lint    rustfmt --check and clippy -D warnings on every target"
 	@echo "make fmt    format the workspace with rustfmt"
 	@echo "make build    the release binaries and examples (one build for demo, test and bench)"
+	@echo "make stack-build    start the stack's Go builds and Kafka's download in the background"
 	@echo "make prereqs    install the missing system packages (apt-get)"
 	@echo "make up | down | status    manage the local stack (Kafka + Kubernetes + the node)"
 	@echo "make images    pack the release binaries into OCI images on the node (make up does it)"
@@ -39,7 +40,12 @@ prereqs:
 build: prereqs
 	$(CARGO) build $(CARGO_PROFILE) --workspace --bins --examples
 
-up: build
+# The stack's Go builds and Kafka's download start in the background first and run beside
+# cargo (e2e/stack/build-stack.sh); up.sh waits for them.
+stack-build: prereqs
+	@bash $(STACK)/build-stack.sh --background
+
+up: stack-build build
 	@bash $(STACK)/up.sh
 
 # The node's images from the release binaries; `make up` runs it, `make test` again once
@@ -73,7 +79,7 @@ test-unit: prereqs
 test-e2e: up
 	source $(OXBOW_CACHE)/stack/env && $(CARGO) test $(CARGO_PROFILE) --workspace --tests
 
-test: lint up
+test: stack-build lint up
 	# `make up` built the examples too (the custom-processor test runs one, and the
 	# stuck-worker fixture goes into an image); the same feature set as clippy's and this.
 	@bash $(STACK)/images.sh

@@ -17,6 +17,10 @@ export GOCACHE="$OXBOW_CACHE/go/cache"
 export GOFLAGS="-modcacherw -buildvcs=false"
 export GOTOOLCHAIN=local
 
+# The stack's builds (build-stack.sh) run under this lock, in the background or not.
+STACK_BUILD_LOCK="$OXBOW_CACHE/stack-build.lock"
+STACK_BUILD_LOG="$OXBOW_CACHE/stack-build.log"
+
 STACK_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 log() { printf '[oxbow-stack] %s\n' "$*" >&2; }

@@ -22,13 +22,10 @@ fi
 mkdir -p "$STACK_DIR"
 echo "$STACK_LAYOUT" >"$STACK_DIR/layout"
 
-bash "$here/build-k8s.sh"
-bash "$here/build-etcd.sh"
-bash "$here/build-helm.sh"
-bash "$here/fetch-kafka.sh"
+# Its own process: the build lock it takes is gone before the daemons below start.
+bash "$here/build-stack.sh"
 bash "$here/pki.sh"
 bash "$here/kafka-pki.sh"
-bash "$here/build-node.sh"
 mkdir -p "$RUN" "$LOGS"
 # The bridge first: Kafka and the API server listen on its address for pods.
 bash "$here/network.sh"
