@@ -6,18 +6,20 @@
 //! the run loop and `commit`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use oxbow_crds::validate::TRANSACTION_TIMEOUT_PROPERTY;
 use oxbow_crds::{ProcessingGuarantee, TaskId};
-use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message, OwnedHeaders};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::statistics::Statistics;
+use rdkafka::{ClientConfig, TopicPartitionList};
 
 use super::commit::side_by_side;
 use super::merge::Fetched;
@@ -80,17 +82,70 @@ impl FetchWatch {
     }
 }
 
+/// A consumer's context: the statistics of merged inputs, and a count of the events
+/// its poll handles without returning them.
 #[derive(Clone)]
-pub(super) struct ConsumerCtx(pub(super) Arc<FetchWatch>);
+pub(super) struct ConsumerCtx {
+    watch: Arc<FetchWatch>,
+    events: Arc<AtomicU64>,
+}
+
+impl ConsumerCtx {
+    fn new(watch: &Arc<FetchWatch>) -> Self {
+        ConsumerCtx {
+            watch: watch.clone(),
+            events: Arc::default(),
+        }
+    }
+
+    fn event(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Polls without waiting. `None` means the consumer's queue is empty: rust-rdkafka's
+/// poll also answers `None` when it handled an event in place of a record (a log line,
+/// statistics, an offset commit's result; `log.queue` puts librdkafka's log on that
+/// queue too), with records possibly queued behind it. Those records raised no wake
+/// (their queue was not empty), and a turn that took the `None` for an empty queue would
+/// wait out its idle time, or read a partition's split-off queue before the records of
+/// that partition still in the consumer's queue (out of order).
+pub(super) fn poll_now(c: &MainConsumer) -> Option<KafkaResult<BorrowedMessage<'_>>> {
+    past_events(
+        || c.poll(Duration::ZERO),
+        || c.context().events.load(Ordering::Relaxed),
+    )
+}
+
+/// Repeats `poll` while an empty answer came with an event handled (`events` moved:
+/// the callbacks run inside the poll, on this thread); `None` once a poll handled none.
+fn past_events<T>(mut poll: impl FnMut() -> Option<T>, events: impl Fn() -> u64) -> Option<T> {
+    loop {
+        let seen = events();
+        if let Some(polled) = poll() {
+            return Some(polled);
+        }
+        if events() == seen {
+            return None;
+        }
+    }
+}
+
 impl ClientContext for ConsumerCtx {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.event();
+        DefaultClientContext.log(level, fac, log_message);
+    }
+
     fn stats_raw(&self, json: &[u8]) {
+        self.event();
         match serde_json::from_slice::<Statistics>(json) {
             Ok(s) => self.stats(s),
             // Merged tasks then wait up to the idle time for a quiet input, as without
             // statistics; say so once rather than every 100 ms.
             Err(e)
                 if !self
-                    .0
+                    .watch
                     .unreadable
                     .swap(true, std::sync::atomic::Ordering::Relaxed) =>
             {
@@ -102,7 +157,7 @@ impl ClientContext for ConsumerCtx {
 
     fn stats(&self, s: Statistics) {
         let at = Instant::now();
-        let Ok(mut latest) = self.0.latest.lock() else {
+        let Ok(mut latest) = self.watch.latest.lock() else {
             return;
         };
         for (topic, t) in s.topics {
@@ -112,7 +167,7 @@ impl ClientContext for ConsumerCtx {
                 .filter(|p| p.partition >= 0 && p.desired)
             {
                 // Under read_committed the consumer reads up to the last stable offset.
-                let end = match self.0.read_committed {
+                let end = match self.watch.read_committed {
                     true => p.ls_offset,
                     false => p.hi_offset,
                 };
@@ -127,7 +182,11 @@ impl ClientContext for ConsumerCtx {
         }
     }
 }
-impl ConsumerContext for ConsumerCtx {}
+impl ConsumerContext for ConsumerCtx {
+    fn commit_callback(&self, _: KafkaResult<()>, _: &TopicPartitionList) {
+        self.event();
+    }
+}
 
 /// The engine's consumer of sources, repartition topics, tables and changelogs.
 pub(super) type MainConsumer = BaseConsumer<ConsumerCtx>;
@@ -145,7 +204,7 @@ pub(super) fn main_consumer(app: &App) -> Result<(MainConsumer, Arc<FetchWatch>)
         c.set("statistics.interval.ms", MERGE_STATISTICS_INTERVAL);
     }
     let consumer = c
-        .create_with_context(ConsumerCtx(watch.clone()))
+        .create_with_context(ConsumerCtx::new(&watch))
         .map_err(|source| EngineError::CreateClient {
             what: "consumer",
             source,
@@ -160,7 +219,7 @@ pub(super) fn task_consumer(
     watch: &Arc<FetchWatch>,
 ) -> Result<MainConsumer, EngineError> {
     let c: MainConsumer = consumer_config(app, false)
-        .create_with_context(ConsumerCtx(watch.clone()))
+        .create_with_context(ConsumerCtx::new(watch))
         .map_err(|source| EngineError::CreateClient {
             what: "processing thread's consumer",
             source,
@@ -444,5 +503,64 @@ spec:
             producer_config(&a, None).is_ok(),
             "the at-least-once producer has no transaction"
         );
+    }
+}
+
+#[cfg(test)]
+mod poll_tests {
+    use super::past_events;
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+
+    /// What a zero-timeout poll meets next in a consumer's queue.
+    #[derive(Clone, Copy)]
+    enum Next {
+        Record(u32),
+        /// Handled inside the poll (a log line, statistics), which then answers `None`.
+        Event,
+    }
+
+    struct Queue {
+        items: RefCell<VecDeque<Next>>,
+        events: Cell<u64>,
+    }
+
+    impl Queue {
+        fn new(items: &[Next]) -> Self {
+            Queue {
+                items: RefCell::new(items.iter().copied().collect()),
+                events: Cell::new(0),
+            }
+        }
+
+        fn poll_now(&self) -> Option<u32> {
+            past_events(
+                || match self.items.borrow_mut().pop_front()? {
+                    Next::Record(r) => Some(r),
+                    Next::Event => {
+                        self.events.set(self.events.get() + 1);
+                        None
+                    }
+                },
+                || self.events.get(),
+            )
+        }
+    }
+
+    #[test]
+    fn records_queued_behind_events_are_polled_not_taken_for_an_empty_queue() {
+        use Next::*;
+        let q = Queue::new(&[Event, Event, Record(7), Event, Record(8)]);
+        assert_eq!(q.poll_now(), Some(7));
+        assert_eq!(q.poll_now(), Some(8));
+        assert_eq!(q.events.get(), 3, "every event was handled on the way");
+    }
+
+    #[test]
+    fn an_empty_queue_answers_none_as_does_one_with_only_events_left() {
+        assert_eq!(Queue::new(&[]).poll_now(), None);
+        let q = Queue::new(&[Next::Event, Next::Event]);
+        assert_eq!(q.poll_now(), None);
+        assert!(q.items.borrow().is_empty(), "the events were all handled");
     }
 }

@@ -41,7 +41,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::Producer;
 
-use super::kafka::{ConsumerCtx, KProducer, MainConsumer, Producers, task_consumer};
+use super::kafka::{ConsumerCtx, KProducer, MainConsumer, Producers, poll_now, task_consumer};
 use super::outputs::{Sender, send_outputs};
 use super::run::record_outcome;
 use super::wake::Wake;
@@ -295,7 +295,7 @@ fn run_turn(
     let consumer = poller.consumer.clone();
     let mut drained = false;
     while polled < MAX_POLL {
-        let Some(polled_one) = consumer.poll(Duration::ZERO) else {
+        let Some(polled_one) = poll_now(&consumer) else {
             drained = true;
             break;
         };

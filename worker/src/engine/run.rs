@@ -106,7 +106,7 @@ impl Engine {
             loop {
                 // No `continue` below: the periodic work after this loop (commits,
                 // standby flushes, reports) must run however busy the consumer is.
-                match consumer.poll(Duration::ZERO) {
+                match super::kafka::poll_now(&consumer) {
                     Some(Ok(m)) => self.main_record(&m, &mut out)?,
                     Some(Err(e)) => {
                         // Broker restarts and the like: librdkafka reconnects by itself.
