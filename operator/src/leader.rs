@@ -7,11 +7,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -65,12 +64,20 @@ impl LeaderElector {
             .await
             .map_err(|e| self.err(e))?
         else {
-            let lease: Lease = serde_json::from_value(json!({
-                "metadata": {"name": self.name},
-                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_duration.as_secs(),
-                         "acquireTime": MicroTime(now), "renewTime": MicroTime(now), "leaseTransitions": 0},
-            }))
-            .map_err(|e| self.err(kube::Error::SerdeError(e)))?;
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(self.lease_duration.as_secs() as i32),
+                    acquire_time: Some(MicroTime(now)),
+                    renew_time: Some(MicroTime(now)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Attempt::Acquired),
                 Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -134,3 +134,85 @@ fn previous_actives(
     }
     previous
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{assignment, facts};
+    use super::*;
+
+    fn acked(pod: &str, generation: i64) -> PodFacts {
+        PodFacts {
+            acknowledged: Some(generation),
+            ..facts(pod, &[])
+        }
+    }
+
+    #[test]
+    fn an_unchanged_placement_keeps_its_generation_so_unchanged_facts_settle() {
+        let prev = assignment(7, &[("a", &["b"]), ("b", &["a"])]);
+        let pods = [acked("a", 7), acked("b", 7)];
+        let next = publish(Some(&prev), prev.tasks.clone(), &pods);
+        assert_eq!(next, prev);
+    }
+
+    #[test]
+    fn a_moved_task_names_its_old_active_until_that_pod_acknowledges_the_move() {
+        let prev = assignment(3, &[("a", &[]), ("a", &[])]);
+        let mut tasks = prev.tasks.clone();
+        tasks.get_mut(&TaskId::new(0, 1)).expect("task 1").active = "b".into();
+        let next = publish(Some(&prev), tasks.clone(), &[acked("a", 3), acked("b", 3)]);
+        assert_eq!(next.generation, 4);
+        assert_eq!(
+            next.tasks[&TaskId::new(0, 1)].previous,
+            [PreviousActive {
+                pod: "a".into(),
+                until: 4
+            }],
+            "b waits for a to let go of task 1"
+        );
+        assert!(
+            next.tasks[&TaskId::new(0, 0)].previous.is_empty(),
+            "task 0 stayed"
+        );
+
+        // "a" acknowledged generation 4: it has let go, and nobody waits for it.
+        let mut later = tasks;
+        later.get_mut(&TaskId::new(0, 0)).expect("task 0").standbys = vec!["b".into()];
+        let after = publish(Some(&next), later, &[acked("a", 4), acked("b", 4)]);
+        assert_eq!(after.generation, 5);
+        assert!(after.tasks.values().all(|t| t.previous.is_empty()));
+    }
+
+    #[test]
+    fn a_pod_that_is_gone_is_no_previous_active() {
+        let prev = assignment(2, &[("a", &[])]);
+        let mut tasks = prev.tasks.clone();
+        tasks.get_mut(&TaskId::new(0, 0)).expect("task 0").active = "b".into();
+        let next = publish(Some(&prev), tasks, &[acked("b", 2)]);
+        assert_eq!(next.pods, ["b"]);
+        assert!(next.tasks[&TaskId::new(0, 0)].previous.is_empty());
+    }
+
+    #[test]
+    fn after_an_assignment_without_previous_actives_every_unacknowledged_pod_is_waited_for() {
+        let mut prev = assignment(5, &[("a", &[]), ("b", &[])]);
+        prev.tracks_previous = false;
+        let pods = [acked("a", 5), acked("b", 4), facts("c", &[])];
+        let next = publish(Some(&prev), prev.tasks.clone(), &pods);
+        assert_eq!(next.generation, 6, "now tracked: a new generation");
+        assert!(next.tracks_previous);
+        let waits = |t: u32| -> Vec<&str> {
+            next.tasks[&TaskId::new(0, t)]
+                .previous
+                .iter()
+                .map(|p| p.pod.as_str())
+                .collect()
+        };
+        assert_eq!(
+            waits(0),
+            ["b", "c"],
+            "a acknowledged 5; b and c may run anything"
+        );
+        assert_eq!(waits(1), ["c"], "b runs task 1 itself");
+    }
+}

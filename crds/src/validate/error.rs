@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 
 use super::describe_counts;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The variant's name is the reason a condition or event shows (two are renamed).
+#[derive(
+    Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
+)]
 pub enum ValidationError {
     #[error("{path}: failed to parse CEL expression {expr:?}: {message}")]
     InvalidExpression {
@@ -29,6 +32,7 @@ pub enum ValidationError {
     InvalidDuration { path: String, message: String },
     /// Never quotes the value: it may be a secret.
     #[error("{path}: refused, because {}", why.explain())]
+    #[strum(serialize = "KafkaPropertyRefused")]
     RefusedProperty {
         path: String,
         why: crate::kafka_properties::Refusal,
@@ -47,6 +51,7 @@ pub enum ValidationError {
     UnusedStoreSettings { store: String },
     #[error("source topics do not exist: {}", topics.join(", "))]
     SourceTopicsMissing { topics: Vec<String> },
+    #[strum(serialize = "SourceTopicsNotCoPartitioned")]
     #[error(
         "source topics are not co-partitioned: {}; every source topic needs the same partition count",
         describe_counts(counts)
@@ -166,31 +171,8 @@ pub enum ValidationError {
 }
 
 impl ValidationError {
-    /// A short CamelCase reason for conditions and events.
+    /// A short CamelCase reason for conditions and events: the variant's name.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::InvalidExpression { .. } => "InvalidExpression",
-            Self::ExpressionTooCostly { .. } => "ExpressionTooCostly",
-            Self::InvalidDuration { .. } => "InvalidDuration",
-            Self::RefusedProperty { .. } => "KafkaPropertyRefused",
-            Self::DuplicateStore { .. } => "DuplicateStore",
-            Self::UnusedStoreSettings { .. } => "UnusedStoreSettings",
-            Self::SourceTopicsMissing { .. } => "SourceTopicsMissing",
-            Self::NotCoPartitioned { .. } => "SourceTopicsNotCoPartitioned",
-            Self::DuplicateStepName { .. } => "DuplicateStepName",
-            Self::TopicCollision { .. } => "TopicCollision",
-            Self::YamlBooleanKey { .. } => "YamlBooleanKey",
-            Self::UnknownTable { .. } => "UnknownTable",
-            Self::TableInTwoStages { .. } => "TableInTwoStages",
-            Self::TableNameTaken { .. } => "TableNameTaken",
-            Self::OutputTopicTaken { .. } => "OutputTopicTaken",
-            Self::TableNotCoPartitioned { .. } => "TableNotCoPartitioned",
-            Self::TableTopicMissing { .. } => "TableTopicMissing",
-            Self::StreamJoinWithoutWindow { .. } => "StreamJoinWithoutWindow",
-            Self::NotForTableJoins { .. } => "NotForTableJoins",
-            Self::JoinStreamTaken { .. } => "JoinStreamTaken",
-            Self::JoinStreamNotCoPartitioned { .. } => "JoinStreamNotCoPartitioned",
-            Self::JoinStreamMissing { .. } => "JoinStreamMissing",
-        }
+        self.into()
     }
 }

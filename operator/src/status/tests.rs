@@ -1,32 +1,18 @@
 use super::*;
 
 #[test]
-fn validation_problems_keep_the_reasons_the_crds_crate_gives_them() {
+fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
     use oxbow_crds::validate::ValidationError as E;
-    let problems = [
-        E::InvalidExpression {
-            path: "p".into(),
-            expr: "e".into(),
-            message: "m".into(),
-        },
-        E::InvalidDuration {
-            path: "p".into(),
-            message: "m".into(),
-        },
-        E::DuplicateStore {
-            store: "s".into(),
-            first: "a".into(),
-            second: "b".into(),
-        },
-        E::UnusedStoreSettings { store: "s".into() },
-        E::SourceTopicsMissing { topics: vec![] },
-        E::NotCoPartitioned {
-            counts: Default::default(),
-        },
-    ];
-    for e in &problems {
-        assert_eq!(reason::of(e).as_str(), e.reason(), "{e:?}");
+    for name in <E as strum::VariantNames>::VARIANTS {
+        assert!(
+            reason::ALL.iter().any(|(r, _)| r.as_str() == *name),
+            "validation's reason {name} is not in status::reason::ALL"
+        );
     }
+    let e = E::NotCoPartitioned {
+        counts: Default::default(),
+    };
+    assert_eq!(reason::of(&e), reason::SOURCE_TOPICS_NOT_CO_PARTITIONED);
 }
 
 #[test]
