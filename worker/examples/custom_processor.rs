@@ -37,7 +37,7 @@ impl Processor for RiskScore {
     ) -> Result<(), StepError> {
         let card = r.value["card"]
             .as_str()
-            .ok_or_else(|| StepError::Record("value.card must be a string".into()))?
+            .ok_or_else(|| StepError::invalid("value.card must be a string"))?
             .to_string();
         let seen = ctx
             .get(&self.store, card.as_bytes())?

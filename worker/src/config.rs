@@ -26,8 +26,12 @@ pub enum ConfigError {
     },
     #[error("{path} is a {kind}, not an oxbow.dev StreamApp")]
     NotAStreamApp { path: PathBuf, kind: String },
-    #[error("invalid StreamApp: {}", errors.join("; "))]
-    Invalid { errors: Vec<String> },
+    #[error("invalid StreamApp: {}", errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Invalid {
+        errors: Vec<oxbow_crds::validate::ValidationError>,
+    },
+    #[error("invalid StreamApp: spec.commitInterval: {0}")]
+    CommitInterval(#[source] oxbow_crds::duration::DurationError),
     #[error(transparent)]
     Compile(#[from] crate::steps::CompileError),
     #[error("failed to read Kafka secret directory {path}: {source}")]
@@ -140,17 +144,11 @@ impl App {
         oxbow_crds::redact::Redactor::new(&kafka, []).remember();
         let errors = oxbow_crds::validate::validate_app(&manifest);
         if !errors.is_empty() {
-            return Err(ConfigError::Invalid {
-                errors: errors.iter().map(|e| e.to_string()).collect(),
-            });
+            return Err(ConfigError::Invalid { errors });
         }
         let spec = &manifest.spec;
-        let commit_interval =
-            oxbow_crds::duration::parse_duration(&spec.commit_interval).map_err(|e| {
-                ConfigError::Invalid {
-                    errors: vec![format!("spec.commitInterval: {e}")],
-                }
-            })?;
+        let commit_interval = oxbow_crds::duration::parse_duration(&spec.commit_interval)
+            .map_err(ConfigError::CommitInterval)?;
         let steps = crate::steps::compile(spec)?;
         let expr = |path: &str, e: &Option<String>| {
             e.as_deref().map(|e| Expr::compile(path, e)).transpose()

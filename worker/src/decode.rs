@@ -9,20 +9,29 @@ use oxbow_crds::RecordFormat;
 use serde_json::Value as Json;
 
 use crate::expr::{Env, Input};
-use crate::processor::StepError;
+use crate::processor::{RecordError, StepError};
 use crate::projection::Fields;
 use crate::task::{MAX_TIMESTAMP, SourceMessage};
 
+/// Why bytes are not a record in their format.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("invalid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("invalid UTF-8: {0}")]
+    Utf8(#[source] std::str::Utf8Error),
+}
+
 /// Bytes in `format` as the JSON a step sees (no bytes: null).
-pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, String> {
+pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, DecodeError> {
     let Some(b) = bytes else {
         return Ok(Json::Null);
     };
     match format {
-        RecordFormat::Json => serde_json::from_slice(b).map_err(|e| format!("invalid JSON: {e}")),
+        RecordFormat::Json => serde_json::from_slice(b).map_err(DecodeError::Json),
         RecordFormat::String => std::str::from_utf8(b)
             .map(|s| Json::String(s.to_string()))
-            .map_err(|e| format!("invalid UTF-8: {e}")),
+            .map_err(DecodeError::Utf8),
         RecordFormat::Bytes => Ok(Json::String(
             base64::engine::general_purpose::STANDARD.encode(b),
         )),
@@ -32,14 +41,30 @@ pub fn decode(bytes: Option<&[u8]>, format: RecordFormat) -> Result<Json, String
 /// JSON bytes as the steps see them when only `fields` are read (see
 /// [`crate::projection`]): an object keeps only those fields, anything else is kept whole.
 /// The bytes are checked as fully as [`decode`] checks them, with the same errors.
-pub fn decode_projected(bytes: Option<&[u8]>, fields: &Fields) -> Result<Json, String> {
+pub fn decode_projected(bytes: Option<&[u8]>, fields: &Fields) -> Result<Json, DecodeError> {
     let Some(b) = bytes else {
         return Ok(Json::Null);
     };
     let mut de = serde_json::Deserializer::from_slice(b);
     serde::de::DeserializeSeed::deserialize(Keep(Some(fields)), &mut de)
         .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| format!("invalid JSON: {e}"))
+        .map_err(DecodeError::Json)
+}
+
+/// `what` of a record did not decode.
+pub(crate) fn undecodable(what: impl Into<String>, source: DecodeError) -> StepError {
+    StepError::Record(RecordError::Decode {
+        what: what.into(),
+        source,
+    })
+}
+
+/// A step's stored `what` did not decode.
+pub(crate) fn unreadable(what: impl Into<String>, source: DecodeError) -> StepError {
+    StepError::Record(RecordError::State {
+        what: what.into(),
+        source,
+    })
 }
 
 /// What to keep of one JSON value: `None`, all of it.
@@ -159,7 +184,7 @@ pub(crate) fn event_time(
     if !(0..=MAX_TIMESTAMP).contains(&timestamp) {
         return Err((
             "timestamp".to_string(),
-            StepError::Record(format!(
+            StepError::invalid(format!(
                 "event time {timestamp} is outside 0..={MAX_TIMESTAMP} (epoch milliseconds)"
             )),
         ));
@@ -176,22 +201,22 @@ pub(crate) fn decode_join_stream(
     now: i64,
     partitions: u32,
 ) -> Result<(Json, Json, i64), (String, StepError)> {
-    let bad = |e: String| ("deserialize".to_string(), StepError::Record(e));
+    let bad = |e: StepError| ("deserialize".to_string(), e);
     let key = match msg.key.map(std::str::from_utf8) {
         Some(Ok(k)) => Json::String(k.to_string()),
-        Some(Err(e)) => return Err(bad(format!("failed to decode key as UTF-8: {e}"))),
+        Some(Err(e)) => return Err(bad(undecodable("key", DecodeError::Utf8(e)))),
         None => {
-            return Err(bad(format!(
+            return Err(bad(StepError::invalid(format!(
                 "a record of joined stream {:?} without a key: it must be keyed by the join key",
                 msg.topic
-            )));
+            ))));
         }
     };
     if let Some(k) = msg.key {
-        co_partitioned("joined stream", msg, k, partitions).map_err(bad)?;
+        co_partitioned("joined stream", msg, k, partitions)
+            .map_err(|m| bad(StepError::invalid(m)))?;
     }
-    let value = decode(msg.value, j.value_format)
-        .map_err(|e| bad(format!("failed to decode value: {e}")))?;
+    let value = decode(msg.value, j.value_format).map_err(|e| bad(undecodable("value", e)))?;
     let input = Input {
         key: &key,
         value: &value,
@@ -208,14 +233,14 @@ pub(crate) fn decode_repartitioned(
     msg: &SourceMessage<'_>,
     now: i64,
 ) -> Result<(Json, Json, i64), (String, StepError)> {
-    let bad = |what: &str, e: String| {
+    let bad = |what: &str, e: DecodeError| {
         (
             "deserialize".to_string(),
-            StepError::Record(format!("failed to decode repartitioned {what}: {e}")),
+            undecodable(format!("repartitioned {what}"), e),
         )
     };
     let key = match msg.record_key {
-        Some(k) => serde_json::from_slice(k).map_err(|e| bad("key", e.to_string()))?,
+        Some(k) => serde_json::from_slice(k).map_err(|e| bad("key", DecodeError::Json(e)))?,
         None => Json::Null,
     };
     let value = decode(msg.value, RecordFormat::Json).map_err(|e| bad("value", e))?;
@@ -290,7 +315,12 @@ mod tests {
         ] {
             let full = decode(Some(bad), RecordFormat::Json).expect_err("full refuses");
             let projected = decode_projected(Some(bad), &f).expect_err("projected refuses");
-            assert_eq!(projected, full, "for {:?}", String::from_utf8_lossy(bad));
+            assert_eq!(
+                projected.to_string(),
+                full.to_string(),
+                "for {:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -309,7 +339,7 @@ mod tests {
             let projected = decode_projected(Some(text), &f).expect("projected");
             assert_eq!(projected, full, "for {}", String::from_utf8_lossy(text));
         }
-        assert_eq!(decode_projected(None, &f), Ok(Json::Null));
+        assert_eq!(decode_projected(None, &f).ok(), Some(Json::Null));
     }
 
     #[test]
@@ -317,8 +347,8 @@ mod tests {
         let f = fields(&["a"]);
         let bytes = br#"{"a":1,"b":2,"a":3}"#;
         assert_eq!(
-            decode_projected(Some(bytes), &f),
-            Ok(serde_json::json!({"a": 3}))
+            decode_projected(Some(bytes), &f).ok(),
+            Some(serde_json::json!({"a": 3}))
         );
         assert_eq!(
             decode(Some(bytes), RecordFormat::Json).expect("full")["a"],

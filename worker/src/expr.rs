@@ -12,19 +12,34 @@ use cel::{Context, Program, Value};
 use oxbow_crds::cel_cost::{self, Cost};
 use serde_json::Value as Json;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ExprError {
-    #[error("{path}: failed to compile CEL expression {expr:?}: {message}")]
+    /// The parser's report spans lines (the expression, a caret); its first line says it.
+    #[error(
+        "{path}: failed to compile CEL expression {expr:?}: {}",
+        first_line(source)
+    )]
     Compile {
         path: String,
         expr: String,
-        message: String,
+        #[source]
+        source: Arc<cel::ParseErrors>,
     },
-    #[error("failed to evaluate {path} ({expr:?}): {message}")]
+    /// Boxed: CEL's error holds values, and every record's result carries the size.
+    #[error("failed to evaluate {path} ({expr:?}): {source}")]
     Evaluate {
         path: String,
         expr: String,
-        message: String,
+        #[source]
+        source: Box<cel::ExecutionError>,
+    },
+    /// A plain selection (`value.a.b`, read without CEL) met a value that is not a map.
+    #[error("failed to evaluate {path} ({expr:?}): cannot select field {field:?} from {from}")]
+    Select {
+        path: String,
+        expr: String,
+        field: String,
+        from: &'static str,
     },
     #[error(
         "CostExceeded: {path} ({expr:?}) would cost {cost} units on this record (its largest list or string has {size} elements), over the per-record budget of {budget}"
@@ -43,6 +58,15 @@ pub enum ExprError {
         got: String,
         want: &'static str,
     },
+}
+
+/// The first line of a multi-line report.
+fn first_line(e: &impl std::fmt::Display) -> String {
+    e.to_string()
+        .lines()
+        .next()
+        .unwrap_or("syntax error")
+        .to_string()
 }
 
 /// The stdlib environment shared by every evaluation: building it is not free, so the
@@ -149,12 +173,7 @@ impl Expr {
             Err(e) => Err(ExprError::Compile {
                 path,
                 expr: source.to_string(),
-                message: e
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("syntax error")
-                    .to_string(),
+                source: Arc::new(e),
             }),
         }
     }
@@ -198,16 +217,18 @@ impl Expr {
             };
             for f in fields {
                 v = match v {
+                    // What CEL answers for a missing key, so both paths fail alike.
                     Json::Object(o) => o.get(f).ok_or_else(|| ExprError::Evaluate {
                         path: self.path.clone(),
                         expr: self.source.clone(),
-                        message: format!("No such key: {f}"),
+                        source: Box::new(cel::ExecutionError::NoSuchKey(Arc::new(f.clone()))),
                     })?,
                     other => {
-                        return Err(ExprError::Evaluate {
+                        return Err(ExprError::Select {
                             path: self.path.clone(),
                             expr: self.source.clone(),
-                            message: format!("cannot select field {f:?} from {}", kind(other)),
+                            field: f.clone(),
+                            from: kind(other),
                         });
                     }
                 };
@@ -222,11 +243,13 @@ impl Expr {
         if let Some(o) = other {
             ctx.add_variable_from_value("other", to_cel(o));
         }
-        self.program.execute(&ctx).map_err(|e| ExprError::Evaluate {
-            path: self.path.clone(),
-            expr: self.source.clone(),
-            message: e.to_string(),
-        })
+        self.program
+            .execute(&ctx)
+            .map_err(|source| ExprError::Evaluate {
+                path: self.path.clone(),
+                expr: self.source.clone(),
+                source: Box::new(source),
+            })
     }
 
     /// Refuses, before any work, an evaluation whose cost for this record's sizes is
@@ -416,7 +439,7 @@ mod tests {
         .expect("compiles");
         let k = json!("k");
         let small = json!({"a": [1, 2, 3]});
-        assert_eq!(e.bool(&env, &input(&k, &small)), Ok(true));
+        assert_eq!(e.bool(&env, &input(&k, &small)).ok(), Some(true));
         let big = json!({"a": (0..20_000).collect::<Vec<_>>()});
         let err = e.bool(&env, &input(&k, &big)).expect_err("over budget");
         assert!(
@@ -490,8 +513,8 @@ mod tests {
             let mut slow = fast.clone();
             slow.selection = None;
             assert_eq!(
-                fast.json(&env, &input(&k, &v)),
-                slow.json(&env, &input(&k, &v)),
+                fast.json(&env, &input(&k, &v)).ok(),
+                slow.json(&env, &input(&k, &v)).ok(),
                 "{src}"
             );
         }

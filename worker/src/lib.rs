@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 pub use config::App;
 pub use engine::RunOptions;
-pub use processor::{Context, Processor, ProcessorFactory, Record, StepError};
+pub use processor::{Context, Processor, ProcessorFactory, Record, RecordError, StepError};
 
 /// Runs an app until SIGTERM/SIGINT, serving HTTP on `listen`.
 pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Result<()> {

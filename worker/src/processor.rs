@@ -10,6 +10,7 @@
 use oxbow_crds::{StoreName, TaskId};
 use serde_json::Value as Json;
 
+use crate::decode::DecodeError;
 use crate::expr::Env;
 use crate::overlay::{Lookup, Overlay};
 use crate::store::{StoreError, TaskDb};
@@ -35,17 +36,60 @@ pub struct SourcePos {
 pub enum StepError {
     /// This record cannot be processed (bad field, CEL runtime error): it goes to the
     /// error policy and the partition moves on.
-    #[error("{0}")]
-    Record(String),
+    #[error(transparent)]
+    Record(#[from] RecordError),
     /// The task cannot go on (state unreadable): the task stops.
     #[error("failed to access state: {0}")]
     State(#[from] StoreError),
 }
 
+impl StepError {
+    /// The record breaks a rule of its step; `message` says which, and how to fix it.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        StepError::Record(RecordError::Invalid(message.into()))
+    }
+
+    /// A custom processor's own error about this record, kept as the cause.
+    pub fn custom(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        StepError::Record(RecordError::Custom(source.into()))
+    }
+}
+
 impl From<crate::expr::ExprError> for StepError {
     fn from(e: crate::expr::ExprError) -> Self {
-        StepError::Record(e.to_string())
+        StepError::Record(RecordError::Expr(e))
     }
+}
+
+/// Why one record cannot be processed. Its text is what a dead letter's `oxbow.error`
+/// header and the log say; each kind keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Its key or value is not in the format it is read in.
+    #[error("failed to decode {what}: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: DecodeError,
+    },
+    /// A step's stored state for it (a table row, a join buffer, an open batch) does not
+    /// decode.
+    #[error("{what} cannot be read: {source}")]
+    State {
+        what: String,
+        #[source]
+        source: DecodeError,
+    },
+    /// A CEL expression failed on it.
+    #[error(transparent)]
+    Expr(#[from] crate::expr::ExprError),
+    /// It breaks a rule of its step (an event time out of range, a key missing, a
+    /// partition other than declared); the text says which and how to fix it.
+    #[error("{0}")]
+    Invalid(String),
+    /// A custom processor refused it.
+    #[error(transparent)]
+    Custom(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Visits one committed entry of a store: key, value.

@@ -308,7 +308,7 @@ impl Engine {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(StoreError::Open { source, .. }) => {
-                    return Ok(Err(quarantine::Unusable::Unreadable(source.to_string())));
+                    return Ok(Err(quarantine::Unusable::Unreadable(source)));
                 }
                 Err(e) => return Err(e.into()),
             }

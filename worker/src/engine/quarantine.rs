@@ -12,11 +12,13 @@ use std::path::{Path, PathBuf};
 
 use crate::store::Identity;
 
-/// Why a directory was moved aside; the metric label and the event's wording.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a directory was moved aside; the metric label (the variant's name) and the
+/// event's wording.
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Unusable {
     /// RocksDB refused to open it (corruption, checksum, missing files).
-    Unreadable(String),
+    Unreadable(rocksdb::Error),
     /// RocksDB opened it but later found it corrupted (`store::CORRUPTION_MARK`).
     Corrupted(String),
     /// Its identity names another app, task or partition count.
@@ -30,13 +32,7 @@ pub enum Unusable {
 
 impl Unusable {
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::Unreadable(_) => "unreadable",
-            Self::Corrupted(_) => "corrupted",
-            Self::Foreign { .. } => "foreign",
-            Self::BadIdentity(_) => "bad_identity",
-            Self::LayoutChanged { .. } => "layout_changed",
-        }
+        self.into()
     }
 
     pub fn describe(&self, expected: &Identity) -> String {

@@ -369,7 +369,7 @@ impl Aggregate {
                     .as_ref()
                     .map(|e| e.path().to_string())
                     .unwrap_or_else(|| name.clone());
-                return Err(StepError::Record(format!(
+                return Err(StepError::invalid(format!(
                     "{path} returned {v}, expected a number"
                 )));
             }
@@ -546,7 +546,7 @@ impl Processor for Aggregate {
             return self.process_unwindowed(ctx, &group, &values, r.timestamp, out);
         };
         if !keys::windowable_group(&group) {
-            return Err(StepError::Record(format!(
+            return Err(StepError::invalid(format!(
                 "{}: the group key {group:?} contains a NUL character, which a windowed aggregate cannot store",
                 self.name
             )));

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use super::{CompileError, input, keys, millis};
+use crate::decode::{DecodeError, unreadable};
 use crate::expr::Expr;
 use crate::processor::{Context, Processor, Record, SourcePos, StepError};
 
@@ -94,9 +95,9 @@ impl Batch {
 
     fn header(&self, ctx: &Context<'_>, group: &str) -> Result<Option<OpenBatch>, StepError> {
         match ctx.get(&self.store, &keys::header_key(group))? {
-            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
-                StepError::Record(format!("failed to decode open batch {group:?}: {e}"))
-            }),
+            Some(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| unreadable(format!("open batch {group:?}"), DecodeError::Json(e))),
             None => Ok(None),
         }
     }
@@ -113,12 +114,11 @@ impl Batch {
         for seq in 0..h.count {
             let k = keys::record_key(group, seq);
             let v = ctx.get(&self.store, &k)?.ok_or_else(|| {
-                StepError::Record(format!("batch {group:?} lost record {seq} of {}", h.count))
+                StepError::invalid(format!("batch {group:?} lost record {seq} of {}", h.count))
             })?;
             records.push(
-                serde_json::from_slice::<Json>(&v).map_err(|e| {
-                    StepError::Record(format!("failed to decode batched record: {e}"))
-                })?,
+                serde_json::from_slice::<Json>(&v)
+                    .map_err(|e| unreadable("a batched record", DecodeError::Json(e)))?,
             );
             ctx.delete(&self.store, &k);
         }
@@ -213,7 +213,7 @@ impl Processor for Batch {
             None => String::new(),
         };
         let src = ctx.source().cloned().ok_or_else(|| {
-            StepError::Record("batch needs a source record (it cannot follow a punctuation)".into())
+            StepError::invalid("batch needs a source record (it cannot follow a punctuation)")
         })?;
         let group = if self.per_topic {
             keys::topic_group(&group, &src.topic)

@@ -14,6 +14,7 @@ use oxbow_crds::{JoinStep, JoinType, RecordFormat, StoreName, TableSpec};
 use serde_json::{Value as Json, json};
 
 use super::{CompileError, input};
+use crate::decode::unreadable;
 use crate::expr::Expr;
 use crate::processor::{Context, Processor, Record, StepError};
 
@@ -58,10 +59,10 @@ impl Join {
         };
         raw.map(|b| {
             crate::task::decode(Some(&b), self.value_format).map_err(|e| {
-                StepError::Record(format!(
-                    "the row of key {key:?} in table {:?} cannot be read: {e}",
-                    self.table
-                ))
+                unreadable(
+                    format!("the row of key {key:?} in table {:?}", self.table),
+                    e,
+                )
             })
         })
         .transpose()

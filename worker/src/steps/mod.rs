@@ -49,8 +49,12 @@ pub use to::OUTPUT_TOPIC_MISSING;
 pub enum CompileError {
     #[error(transparent)]
     Expression(#[from] ExprError),
-    #[error("{path}: failed to read duration: {message}")]
-    Duration { path: String, message: String },
+    #[error("{path}: failed to read duration: {source}")]
+    Duration {
+        path: String,
+        #[source]
+        source: oxbow_crds::duration::DurationError,
+    },
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
@@ -59,9 +63,9 @@ pub enum CompileError {
 fn millis(path: &str, s: &str) -> Result<i64, CompileError> {
     parse_duration(s)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .map_err(|e| CompileError::Duration {
+        .map_err(|source| CompileError::Duration {
             path: path.into(),
-            message: e.to_string(),
+            source,
         })
 }
 

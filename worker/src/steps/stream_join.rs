@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use super::{CompileError, input, keys, millis};
+use crate::decode::{DecodeError, unreadable};
 use crate::expr::{Expr, Input};
 use crate::processor::{Context, Processor, Record, StepError};
 
@@ -119,9 +120,10 @@ impl StreamJoin {
         match ctx.get(store, &keys::join_buffer_key(side, key))? {
             None => Ok(Vec::new()),
             Some(b) => serde_json::from_slice(&b).map_err(|e| {
-                StepError::Record(format!(
-                    "the join buffer of key {key:?} cannot be read: {e}"
-                ))
+                unreadable(
+                    format!("the join buffer of key {key:?}"),
+                    DecodeError::Json(e),
+                )
             }),
         }
     }
@@ -223,12 +225,15 @@ impl Processor for StreamJoin {
                         closing.insert((self.closes_after(b.t), side, key.clone()));
                     }
                 }
-                Err(e) => bad = Some(format!("join buffer {key:?}: {e}")),
+                Err(e) => bad = Some((key.clone(), e)),
             }
             Ok(())
         })?;
-        if let Some(m) = bad {
-            return Err(StepError::Record(m));
+        if let Some((key, e)) = bad {
+            return Err(unreadable(
+                format!("the join buffer of key {key:?}"),
+                DecodeError::Json(e),
+            ));
         }
         self.closing = closing;
         Ok(())
@@ -254,7 +259,7 @@ impl Processor for StreamJoin {
             Side::Right => match &r.key {
                 Json::String(s) => s.clone(),
                 _ => {
-                    return Err(StepError::Record(format!(
+                    return Err(StepError::invalid(format!(
                         "a record of stream {:?} without a string key: the other stream must be keyed by the join key",
                         self.other_topic
                     )));

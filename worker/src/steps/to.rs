@@ -85,7 +85,7 @@ impl Processor for To {
                 Topic::Expr(e) => {
                     let t = e.key(ctx.env(), &i)?;
                     if !ctx.topic_exists(&t) {
-                        return Err(StepError::Record(format!(
+                        return Err(StepError::invalid(format!(
                             "{OUTPUT_TOPIC_MISSING}: {} gives topic {t:?}, which does not exist (Oxbow never creates output topics)",
                             e.path()
                         )));
