@@ -343,6 +343,24 @@ mod tests {
     }
 
     #[test]
+    fn a_record_that_does_not_decode_keeps_the_parsers_error_as_its_cause() {
+        let e = decode(Some(b"{\"a\":"), RecordFormat::Json).expect_err("refused");
+        let StepError::Record(r) = undecodable("value", e) else {
+            panic!("a record error");
+        };
+        assert!(
+            r.to_string()
+                .starts_with("failed to decode value: invalid JSON: "),
+            "{r}"
+        );
+        let cause = std::error::Error::source(&r).expect("the decode error");
+        let parser = cause
+            .source()
+            .and_then(|c| c.downcast_ref::<serde_json::Error>());
+        assert!(parser.is_some_and(serde_json::Error::is_eof), "{cause:?}");
+    }
+
+    #[test]
     fn a_duplicated_field_keeps_the_last_occurrence_like_a_full_decode() {
         let f = fields(&["a"]);
         let bytes = br#"{"a":1,"b":2,"a":3}"#;
