@@ -309,24 +309,28 @@ fn ready_count(seen: &Mutex<Seen>, names: &[String]) -> usize {
     names.iter().filter(|n| s.ready.contains_key(*n)).count()
 }
 
-/// Applies all of `names` in one `kubectl apply` (noting when in `t0`) and waits until
-/// all are Ready or `timeout` has passed since `start`: the seconds `kubectl` took.
-async fn apply_burst(
-    ns: &str,
-    source: &str,
-    names: &[String],
-    seen: &Mutex<Seen>,
-    t0: &mut HashMap<String, Instant>,
+/// One run's applies: where they go, what watches them, and until when they are
+/// waited for (`timeout` from `start`). Each apply notes its time in `t0`.
+struct Applying<'a> {
+    ns: &'a str,
+    source: &'a str,
+    seen: &'a Mutex<Seen>,
+    t0: HashMap<String, Instant>,
     start: Instant,
     timeout: Duration,
-) -> f64 {
+}
+
+/// Applies all of `names` in one `kubectl apply` and waits until all are Ready or the
+/// run's timeout has passed: the seconds `kubectl` took.
+async fn apply_burst(a: &mut Applying<'_>, names: &[String]) -> f64 {
+    let (seen, start, timeout) = (a.seen, a.start, a.timeout);
     let n = names.len();
-    let docs: Vec<String> = names.iter().map(|nm| manifest(nm, source)).collect();
+    let docs: Vec<String> = names.iter().map(|nm| manifest(nm, a.source)).collect();
     let t = Instant::now();
     for nm in names {
-        t0.insert(nm.clone(), t);
+        a.t0.insert(nm.clone(), t);
     }
-    apply(ns, &docs.join("---\n"));
+    apply(a.ns, &docs.join("---\n"));
     let apply_secs = t.elapsed().as_secs_f64();
     let mut last_print = Instant::now();
     while ready_count(seen, names) < n && start.elapsed() < timeout {
@@ -343,25 +347,17 @@ async fn apply_burst(
     apply_secs
 }
 
-/// Applies `names` one at a time (noting when in `t0`), each waited for until Ready or
-/// `timeout` has passed since `start`: the seconds `kubectl` took in all.
-async fn apply_sequential(
-    ns: &str,
-    source: &str,
-    names: &[String],
-    seen: &Mutex<Seen>,
-    t0: &mut HashMap<String, Instant>,
-    start: Instant,
-    timeout: Duration,
-) -> f64 {
+/// Applies `names` one at a time, each waited for until Ready or the run's timeout has
+/// passed: the seconds `kubectl` took in all.
+async fn apply_sequential(a: &mut Applying<'_>, names: &[String]) -> f64 {
     let mut total_apply = 0.0;
     for nm in names {
         let t = Instant::now();
-        t0.insert(nm.clone(), t);
-        apply(ns, &manifest(nm, source));
+        a.t0.insert(nm.clone(), t);
+        apply(a.ns, &manifest(nm, a.source));
         total_apply += t.elapsed().as_secs_f64();
         let one = std::slice::from_ref(nm);
-        while ready_count(seen, one) < 1 && start.elapsed() < timeout {
+        while ready_count(a.seen, one) < 1 && a.start.elapsed() < a.timeout {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -425,13 +421,21 @@ async fn run_mode(
     let names: Vec<String> = (0..n).map(|i| format!("{run}-{prefix}{i:03}")).collect();
     let cpu0 = cpu_secs(pid, tck);
     let api0 = api_requests(metrics_addr).await;
-    let mut t0: HashMap<String, Instant> = HashMap::new();
     let start = Instant::now();
-    let apply_secs = if mode == "burst" {
-        apply_burst(ns, source, &names, seen, &mut t0, start, timeout).await
-    } else {
-        apply_sequential(ns, source, &names, seen, &mut t0, start, timeout).await
+    let mut applying = Applying {
+        ns,
+        source,
+        seen,
+        t0: HashMap::new(),
+        start,
+        timeout,
     };
+    let apply_secs = if mode == "burst" {
+        apply_burst(&mut applying, &names).await
+    } else {
+        apply_sequential(&mut applying, &names).await
+    };
+    let t0 = applying.t0;
     let all_ready_secs = start.elapsed().as_secs_f64();
     let cpu_to_ready = cpu_secs(pid, tck) - cpu0;
     let api1 = api_requests(metrics_addr).await;

@@ -9,10 +9,34 @@ fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
             "validation's reason {name} is not in status::reason::ALL"
         );
     }
-    let e = E::NotCoPartitioned {
-        counts: Default::default(),
-    };
-    assert_eq!(reason::of(&e), reason::SOURCE_TOPICS_NOT_CO_PARTITIONED);
+    let problems = [
+        E::InvalidExpression {
+            path: "p".into(),
+            expr: "e".into(),
+            message: "m".into(),
+        },
+        E::InvalidDuration {
+            path: "p".into(),
+            message: "m".into(),
+        },
+        E::DuplicateStore {
+            store: "s".into(),
+            first: "a".into(),
+            second: "b".into(),
+        },
+        E::UnusedStoreSettings { store: "s".into() },
+        E::SourceTopicsMissing { topics: vec![] },
+        E::NotCoPartitioned {
+            counts: Default::default(),
+        },
+    ];
+    for e in &problems {
+        assert_eq!(reason::of(e).as_str(), e.reason(), "{e:?}");
+    }
+    assert_eq!(
+        reason::of(&problems[5]),
+        reason::SOURCE_TOPICS_NOT_CO_PARTITIONED
+    );
 }
 
 #[test]

@@ -143,12 +143,7 @@ impl ClientContext for ConsumerCtx {
             Ok(s) => self.stats(s),
             // Merged tasks then wait up to the idle time for a quiet input, as without
             // statistics; say so once rather than every 100 ms.
-            Err(e)
-                if !self
-                    .watch
-                    .unreadable
-                    .swap(true, std::sync::atomic::Ordering::Relaxed) =>
-            {
+            Err(e) if !self.watch.unreadable.swap(true, Ordering::Relaxed) => {
                 tracing::warn!(error = %e, "the consumer's statistics cannot be read: merged inputs wait by the idle time alone");
             }
             Err(_) => {}

@@ -123,6 +123,32 @@ pub fn move_aside(dir: &Path, now_ms: i64) -> std::io::Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_metric_labels_are_the_variants_names_in_snake_case() {
+        let unopenable = rocksdb::DB::open_default("/dev/null/state").expect_err("not a dir");
+        let labels = [
+            Unusable::Unreadable(unopenable).label(),
+            Unusable::Corrupted("c".into()).label(),
+            Unusable::Foreign { found: me() }.label(),
+            Unusable::BadIdentity("eof".into()).label(),
+            Unusable::LayoutChanged {
+                store: "s".into(),
+                was: "w".into(),
+            }
+            .label(),
+        ];
+        assert_eq!(
+            labels,
+            [
+                "unreadable",
+                "corrupted",
+                "foreign",
+                "bad_identity",
+                "layout_changed"
+            ]
+        );
+    }
     use super::*;
 
     fn me() -> Identity {
