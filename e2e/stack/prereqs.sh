@@ -14,9 +14,10 @@ command -v curl >/dev/null || missing+=(curl)
 [[ -e /usr/include/zlib.h ]] || missing+=(zlib1g-dev)
 # librdkafka's TLS and SASL (SCRAM needs OpenSSL too).
 [[ -e /usr/include/openssl/ssl.h ]] || missing+=(libssl-dev)
-# bindgen (rocksdb's sys crate) loads libclang at build time.
+# bindgen (rocksdb's sys crate) loads libclang at build time; RocksDB's C++ compiles with
+# clang++ (.cargo/config.toml).
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
-command -v clang >/dev/null || missing+=(clang)
+command -v clang >/dev/null && command -v clang++ >/dev/null || missing+=(clang)
 # The node: containerd with runc, the CNI plugins, iptables for kube-proxy and the guard
 # chain, ipset for kube-router, iproute2 for the bridge, busybox for the test image's shell.
 command -v containerd >/dev/null || missing+=(containerd)
