@@ -58,7 +58,7 @@ pub fn requires_local_stack(reason: &str) -> bool {
     }
 }
 
-/// The helm `make up` builds (`e2e/stack/build-helm.sh`), else `helm` on the PATH.
+/// The helm `make up` builds (`e2e/stack/build-go.sh`), else `helm` on the PATH.
 pub fn helm_path() -> PathBuf {
     let version = std::env::var("HELM_VERSION").unwrap_or_else(|_| "v3.19.5".into());
     let p = cache_dir().join("helm").join(version).join("bin/helm");

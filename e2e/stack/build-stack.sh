@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and downloads what the stack runs (Kubernetes, etcd, helm, Kafka, the node's
-# tools), each step cached and a no-op when done. Holds $STACK_BUILD_LOCK while it runs,
+# Builds and downloads what the stack runs (Kubernetes, etcd, helm and the node's tools
+# in one Go build, Kafka, the pause program), each step cached and a no-op when done. Holds $STACK_BUILD_LOCK while it runs,
 # so two builds never write one cache.
 #
 #   build-stack.sh               in the foreground (what up.sh runs; waits for a
@@ -20,9 +20,7 @@ steps() {
   # Maven's downloads beside the Go builds: one is network, the others CPU.
   bash "$here/fetch-kafka.sh" &
   local kafka=$!
-  bash "$here/build-k8s.sh" || return 1
-  bash "$here/build-etcd.sh" || return 1
-  bash "$here/build-helm.sh" || return 1
+  bash "$here/build-go.sh" || return 1
   bash "$here/build-node.sh" || return 1
   wait "$kafka" || return 1
 }
