@@ -2,10 +2,12 @@
 //! file of its own. Idempotent.
 //!
 //! dereference (reads) → validate (pure) → own (claim the id) → place (pure) → topics
-//! → roll out (build, apply, publish) → status → write → events → what next.
+//! → roll out (build, apply, publish) → why pods cannot be created (reads) → status
+//! (pure) → write → events → what next.
 //!
 //! It must not do a step's work itself: it only hands each step's typed result to the
-//! next, and turns the problems they found into the reconcile's outcome.
+//! next, records the problems each step returns, and turns them into the reconcile's
+//! outcome.
 
 use std::time::Duration;
 
@@ -16,13 +18,14 @@ use oxbow_crds::StreamApp;
 
 use super::status::NextStatus;
 use super::status_write::{publish_reports, write_status};
-use super::{Context, Error, claim, dereference, events, internal_topics, place, reset};
-use super::{rollout, status, validate};
+use super::{Context, Error, claim, dereference, events, internal_topics, place, pod_creation};
+use super::{reset, rollout, status, validate};
 use crate::claims::ClaimsError;
 use crate::status::{Verdict, reason};
 use crate::topics::TopicError;
 
-/// What stops or holds back this reconcile, gathered step by step.
+/// What stops or holds back this reconcile. Each step reads the problems found before
+/// it and returns those it found itself; only `apply` records them, in step order.
 #[derive(Default)]
 pub(super) struct Problems {
     /// The spec cannot run, or its id is another app's: nothing is rolled out.
@@ -36,6 +39,30 @@ pub(super) struct Problems {
     pub claims: Option<ClaimsError>,
 }
 
+impl Problems {
+    /// Records what a step found: a problem of a kind replaces the one found before.
+    fn record(&mut self, found: Problems) {
+        let Problems {
+            invalid,
+            source,
+            kafka,
+            claims,
+        } = found;
+        if invalid.is_some() {
+            self.invalid = invalid;
+        }
+        if source.is_some() {
+            self.source = source;
+        }
+        if kafka.is_some() {
+            self.kafka = kafka;
+        }
+        if claims.is_some() {
+            self.claims = claims;
+        }
+    }
+}
+
 /// Apply: the whole reconciliation of a live StreamApp. Idempotent.
 pub(super) async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Error> {
     let ns = app.namespace().unwrap_or_default();
@@ -43,59 +70,68 @@ pub(super) async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Erro
     let previous = app.status.clone().unwrap_or_default();
 
     // Everything we need to read, before deciding anything.
-    let (obs, counts) = dereference::observe(app, ctx, &mut problems).await?;
-    let validated = validate::validate(app, obs.secret.is_none(), counts, &mut problems);
+    let (obs, counts) = dereference::observe(app, ctx).await?;
+    let (validated, found) = validate::validate(app, &obs, counts);
+    problems.record(found);
     // Claim the application id on this Kafka cluster before anything is rolled out:
     // two apps with one id would share changelogs, group and transactional ids.
-    let owned = claim::own(
+    let (owned, found) = claim::own(
         app,
         obs.cluster.as_deref(),
         validated.resetting.clone(),
-        &mut problems,
+        &problems,
     )
     .await;
+    problems.record(found);
     let reset_stores = owned.reset_stores.as_deref();
-    let placed = place::place(
+    let (placed, found) = place::place(
         app,
         ctx,
         &obs,
         validated.tasks,
         reset_stores.is_some(),
-        &mut problems,
+        &problems,
     );
+    problems.record(found);
     // Topics before the workload: pods must never write to a topic not the app's.
-    let topics = internal_topics::step(
+    let (topics, found) = internal_topics::step(
         app,
         ctx,
         obs.cluster.as_deref(),
         owned.view.as_ref(),
         validated.tasks,
         reset_stores.is_some(),
-        &mut problems,
+        &problems,
     )
     .await?;
-    let rolled = rollout::roll_out(
+    problems.record(found);
+    let (rolled, found) = rollout::roll_out(
         app,
         ctx,
         &obs,
         &placed,
         &owned,
         topics.verdict.stalled,
-        &mut problems,
+        &problems,
     )
     .await;
+    problems.record(found);
+    // Why the StatefulSet cannot create pods (its Events) is the one read left.
+    let create_failure = pod_creation::of_app(ctx, &obs, &rolled).await;
     let next = status::next_status(
         app,
-        ctx,
-        &obs,
-        &placed,
-        validated,
-        &rolled,
-        topics,
-        &problems,
-        reset_stores,
-    )
-    .await;
+        status::Findings {
+            obs: &obs,
+            placed: &placed,
+            validated,
+            rolled: &rolled,
+            topics,
+            invalid: problems.invalid.clone(),
+            reset_stores,
+            create_failure,
+        },
+        Timestamp::now(),
+    );
     // The instances first: a condition naming a pod and its error is never seen before
     // that pod's entry in status.instances.
     publish_reports(
@@ -177,5 +213,36 @@ fn next_action(
         let silence =
             crate::reports::until_silent(reports, Timestamp::now(), ctx.placement.failover_timeout);
         Action::requeue(silence.map_or(base, |s| s.min(base)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_a_step_finds_replaces_the_one_of_its_kind_and_keeps_the_others() {
+        let mut problems = Problems {
+            invalid: Some(Verdict::stalled(reason::SPEC_INVALID, "first")),
+            source: Some(Verdict::stalled(reason::KAFKA_SECRET_MISSING, "secret")),
+            ..Problems::default()
+        };
+        problems.record(Problems {
+            invalid: Some(Verdict::stalled(reason::APPLICATION_ID_CONFLICT, "second")),
+            claims: Some(ClaimsError::NotReadBack {
+                topic: "claims".into(),
+                key: "k".into(),
+            }),
+            ..Problems::default()
+        });
+        let invalid = problems.invalid.expect("invalid stays found");
+        assert_eq!(invalid.reason, reason::APPLICATION_ID_CONFLICT);
+        assert_eq!(
+            problems.source.map(|v| v.message).as_deref(),
+            Some("secret"),
+            "a step that found nothing about the sources leaves their problem"
+        );
+        assert!(problems.claims.is_some());
+        assert!(problems.kafka.is_none());
     }
 }

@@ -41,20 +41,22 @@ pub(super) struct Owned {
 }
 
 /// Claims the application id on the app's Kafka cluster, unless the spec cannot run or
-/// Kafka is already known unreachable. A conflict makes the spec invalid; unreadable
-/// claims are `problems.claims`. A reset is allowed only for this app's changelogs.
+/// Kafka is already known unreachable (`problems`, found before). The problems found: a
+/// conflict or a refused reset makes the spec `invalid`; unreadable claims are `claims`,
+/// an unreachable Kafka `kafka`. A reset is allowed only for this app's changelogs.
 pub(super) async fn own(
     app: &StreamApp,
     cluster: Option<&super::Cluster>,
     resetting: Option<Vec<String>>,
-    problems: &mut Problems,
-) -> Owned {
+    problems: &Problems,
+) -> (Owned, Problems) {
+    let mut found = Problems::default();
     let ownership = match cluster {
         Some(c) if problems.invalid.is_none() && problems.kafka.is_none() => {
             match c.ensure_claims_topic().await {
                 Ok(()) => Some(claim(app, &c.claims).await),
                 Err(e) => {
-                    problems.kafka = Some(e);
+                    found.kafka = Some(e);
                     None
                 }
             }
@@ -64,16 +66,14 @@ pub(super) async fn own(
     let view = match ownership {
         Some(Ownership::Owned(view)) => Some(view),
         Some(Ownership::Conflict(owner)) => {
-            problems.invalid = Some(Verdict::stalled(
+            found.invalid = Some(Verdict::stalled(
                 reason::APPLICATION_ID_CONFLICT,
                 conflict_message(app, &owner),
             ));
             None
         }
         Some(Ownership::Unknown(e)) => {
-            if problems.kafka.is_none() {
-                problems.claims = Some(e);
-            }
+            found.claims = Some(e);
             None
         }
         None => None,
@@ -83,11 +83,11 @@ pub(super) async fn own(
     if let (Some(stores), Some(v)) = (&resetting, &view)
         && let Some(why) = super::reset::refusal(app, v, stores)
     {
-        problems.invalid = Some(Verdict::stalled(reason::INCOMPATIBLE_STATE_CHANGE, why));
+        found.invalid = Some(Verdict::stalled(reason::INCOMPATIBLE_STATE_CHANGE, why));
         resetting = None;
     }
     let reset_stores = resetting.filter(|_| view.is_some());
-    Owned { view, reset_stores }
+    (Owned { view, reset_stores }, found)
 }
 
 /// Reads the claims and, when nobody claims the id, claims it and reads again: the first

@@ -15,7 +15,6 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
 
-use super::apply::Problems;
 use super::{Cluster, Context, Error};
 use crate::build;
 use crate::status::{Verdict, reason};
@@ -27,6 +26,8 @@ pub(super) struct Observed {
     pub secret: Option<KafkaSecret>,
     /// The app's Kafka clients, unless its client configuration is refused.
     pub cluster: Option<Arc<Cluster>>,
+    /// Why the client configuration is refused (then there is no `cluster`).
+    pub client_refused: Option<Verdict>,
     pub sts: Option<StatefulSet>,
     pub pods: Vec<Pod>,
     /// The assignment ConfigMap the workers read.
@@ -38,27 +39,26 @@ pub(super) struct Observed {
 pub(super) type SourceCounts = Result<BTreeMap<String, Option<i32>>, TopicError>;
 
 /// Reads everything the reconciliation decides on. A refused Kafka client configuration
-/// becomes `problems.source`.
+/// is `client_refused`, for the validate step.
 pub(super) async fn observe(
     app: &StreamApp,
     ctx: &Context,
-    problems: &mut Problems,
 ) -> Result<(Observed, SourceCounts), Error> {
     let ns = app.namespace().unwrap_or_default();
     let secret = kafka_secret(app, ctx).await?;
     // A client config librdkafka refuses (a misspelt property) is a spec problem.
     let no_secret = KafkaSecret::default();
-    let cluster = match ctx.cluster(app, &secret.as_ref().unwrap_or(&no_secret).properties) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            let reason = match e {
-                Error::RefusedProperties { .. } => reason::KAFKA_PROPERTY_REFUSED,
-                _ => reason::INVALID_KAFKA_PROPERTIES,
-            };
-            problems.source = Some(Verdict::stalled(reason, e.to_string()));
-            None
-        }
-    };
+    let (cluster, client_refused) =
+        match ctx.cluster(app, &secret.as_ref().unwrap_or(&no_secret).properties) {
+            Ok(c) => (Some(c), None),
+            Err(e) => {
+                let reason = match e {
+                    Error::RefusedProperties { .. } => reason::KAFKA_PROPERTY_REFUSED,
+                    _ => reason::INVALID_KAFKA_PROPERTIES,
+                };
+                (None, Some(Verdict::stalled(reason, e.to_string())))
+            }
+        };
     // The sources, the tables and joined streams: all but global tables are co-partitioned.
     let mut read_topics = app.spec.source.topics.clone();
     read_topics.extend(oxbow_crds::validate::join_topics(&app.spec));
@@ -85,6 +85,7 @@ pub(super) async fn observe(
         Observed {
             secret,
             cluster,
+            client_refused,
             sts,
             pods,
             assignment,

@@ -31,8 +31,8 @@ pub(super) struct TopicsStep {
 
 /// The topics step: once the task count is known and the id is this app's, before the
 /// workload (pods must never write to a topic that is not the app's). Otherwise the
-/// verdict says what it waits for. A Kafka or claims failure here becomes
-/// `problems.kafka` / `problems.claims`.
+/// verdict says what it waits for. The problem found: a Kafka or claims failure here
+/// (`kafka`, `claims`).
 pub(super) async fn step(
     app: &StreamApp,
     ctx: &Context,
@@ -40,8 +40,9 @@ pub(super) async fn step(
     view: Option<&ClaimsView>,
     tasks: Option<i32>,
     resetting: bool,
-    problems: &mut Problems,
-) -> Result<TopicsStep, Error> {
+    problems: &Problems,
+) -> Result<(TopicsStep, Problems), Error> {
+    let mut found = Problems::default();
     let mut statuses = Vec::new();
     let mut recorded = false;
     let verdict = if let Some(e) = &problems.kafka {
@@ -75,12 +76,12 @@ pub(super) async fn step(
             }
             Err(Error::Topics(e)) => {
                 let v = Verdict::waiting(reason::of_topics(&e), e.to_string());
-                problems.kafka = Some(e);
+                found.kafka = Some(e);
                 v
             }
             Err(Error::Claims(e)) => {
                 let v = Verdict::waiting(reason::KAFKA_UNREACHABLE, e.to_string());
-                problems.claims = Some(e);
+                found.claims = Some(e);
                 v
             }
             Err(e) => return Err(e),
@@ -91,11 +92,12 @@ pub(super) async fn step(
             "source partition counts are not known yet",
         )
     };
-    Ok(TopicsStep {
+    let step = TopicsStep {
         verdict,
         statuses,
         recorded,
-    })
+    };
+    Ok((step, found))
 }
 
 /// Whether the app was last reconciled by an operator that kept no topic records: its

@@ -34,15 +34,16 @@ pub(super) struct Placed {
     pub sts_replicas: i32,
 }
 
-/// Places the app's `tasks` (per stage). `resetting`: a reset stops every worker.
+/// Places the app's `tasks` (per stage). `resetting`: a reset stops every worker. The
+/// problem found: the sources' partition count differs from the placed one (`source`).
 pub(super) fn place(
     app: &StreamApp,
     ctx: &Context,
     obs: &Observed,
     tasks: Option<i32>,
     resetting: bool,
-    problems: &mut Problems,
-) -> Placed {
+    problems: &Problems,
+) -> (Placed, Problems) {
     let reports = reports(app, ctx);
     let reported: Vec<oxbow_crds::InstanceStatus> =
         reports.values().map(|r| r.entry.clone()).collect();
@@ -64,7 +65,8 @@ pub(super) fn place(
         None
     });
     let published_tasks = published.as_ref().and_then(published_task_count);
-    let place_tasks = task_count(tasks, published_tasks, problems);
+    let (place_tasks, partitions_changed) =
+        task_count(tasks, published_tasks, problems.source.as_ref());
     let plan: Option<Plan> = match place_tasks {
         Some(n) if problems.invalid.is_none() => Some(placement::plan(
             published.as_ref(),
@@ -93,14 +95,19 @@ pub(super) fn place(
             &reported,
         )
     };
-    Placed {
+    let placed = Placed {
         reports,
         reported,
         observed,
         published,
         plan,
         sts_replicas,
-    }
+    };
+    let found = Problems {
+        source: partitions_changed,
+        ..Problems::default()
+    };
+    (placed, found)
 }
 
 /// The pods' own reports (their Leases), not status.instances: that is only the
@@ -130,22 +137,22 @@ fn reports(app: &StreamApp, ctx: &Context) -> BTreeMap<String, oxbow_crds::repor
 /// that gained partitions would move keys to tasks that start empty). Without the
 /// source metadata (Kafka or its Secret unreachable, or the partitions changed),
 /// placement goes on with the published count: a dead pod's tasks still fail over.
+/// `source`: the sources' problem found before; also returned: the stall, if this finds it.
 fn task_count(
     tasks: Option<i32>,
     published_tasks: Option<i32>,
-    problems: &mut Problems,
-) -> Option<i32> {
-    if let (Some(n), Some(had), None) = (tasks, published_tasks, &problems.source)
-        && n != had
-    {
-        problems.source = Some(Verdict::stalled(
+    source: Option<&Verdict>,
+) -> (Option<i32>, Option<Verdict>) {
+    let changed = match (tasks, published_tasks, source) {
+        (Some(n), Some(had), None) if n != had => Some(Verdict::stalled(
             reason::SOURCE_PARTITIONS_CHANGED,
             format!(
                 "the source topics have {n} partitions but the app's state is split into {had} tasks: records of a key would go to a task that does not hold its state. Either restore {had} partitions (re-create the source topics), or start over with the new partitioning under a new StreamApp (another applicationId; it reprocesses the sources), then delete this one"
             ),
-        ));
-    }
-    match &problems.source {
+        )),
+        _ => None,
+    };
+    let place = match changed.as_ref().or(source) {
         None => tasks.or(published_tasks),
         Some(p)
             if p.reason == reason::SOURCE_PARTITIONS_CHANGED
@@ -154,11 +161,44 @@ fn task_count(
             published_tasks
         }
         Some(_) => None,
-    }
+    };
+    (place, changed)
 }
 
 /// Tasks per stage in a published assignment (its stage-0 tasks).
 fn published_task_count(a: &Assignment) -> Option<i32> {
     let n = a.tasks.keys().filter(|t| t.stage == 0).count();
     (n > 0).then(|| i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sources_count_is_placed_when_nothing_was_published() {
+        assert_eq!(task_count(Some(4), None, None), (Some(4), None));
+    }
+
+    #[test]
+    fn a_changed_partition_count_stalls_the_app_and_keeps_placing_the_published_tasks() {
+        let (n, stall) = task_count(Some(6), Some(4), None);
+        assert_eq!(n, Some(4), "a dead pod's tasks must still fail over");
+        let stall = stall.expect("the changed count is a problem of the sources");
+        assert!(stall.stalled);
+        assert_eq!(stall.reason, reason::SOURCE_PARTITIONS_CHANGED);
+        assert!(stall.message.contains("6 partitions"), "{}", stall.message);
+    }
+
+    #[test]
+    fn a_missing_secret_keeps_placing_the_published_tasks_and_adds_no_stall() {
+        let missing = Verdict::stalled(reason::KAFKA_SECRET_MISSING, "no Secret");
+        assert_eq!(task_count(None, Some(4), Some(&missing)), (Some(4), None));
+    }
+
+    #[test]
+    fn any_other_problem_of_the_sources_places_nothing() {
+        let refused = Verdict::stalled(reason::KAFKA_PROPERTY_REFUSED, "refused");
+        assert_eq!(task_count(Some(4), Some(4), Some(&refused)), (None, None));
+    }
 }

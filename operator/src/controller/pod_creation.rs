@@ -21,7 +21,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use super::Error;
+use super::dereference::Observed;
+use super::rollout::RolledOut;
+use super::{Context, Error};
 
 /// A refusal older than this is taken as resolved: the controller retries with back-off
 /// (at most about 17 minutes apart, but it records each retry as the same event with a
@@ -54,6 +56,18 @@ impl EventReads {
         reads.retain(|_, (at, _)| now.saturating_duration_since(*at) < REREAD_AFTER);
         reads.insert(uid.to_string(), (now, events));
     }
+}
+
+/// Why the app's StatefulSet cannot create pods: the StatefulSet as the rollout's apply
+/// returned it (its new generation), else as read at the start.
+pub(super) async fn of_app(ctx: &Context, obs: &Observed, rolled: &RolledOut) -> Option<String> {
+    let sts = rolled.applied_sts.as_ref().or(obs.sts.as_ref());
+    let newest_pod = obs
+        .pods
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .max();
+    failure(&ctx.client, &ctx.event_reads, sts, newest_pod).await
 }
 
 /// The newest recent `FailedCreate` message of the app's StatefulSet, when it has fewer

@@ -41,7 +41,8 @@ pub(super) struct RolledOut {
 
 /// Builds and applies the children, or only publishes the assignment when nothing else
 /// may be rolled out; then moves a reset on. `owned`: the claim (and the stores it lets
-/// reset); `topics_stalled`: a topic is not the app's.
+/// reset); `topics_stalled`: a topic is not the app's. The problem found: Kafka failed
+/// a reset's step (`kafka`).
 pub(super) async fn roll_out(
     app: &StreamApp,
     ctx: &Context,
@@ -49,8 +50,9 @@ pub(super) async fn roll_out(
     placed: &Placed,
     owned: &Owned,
     topics_stalled: bool,
-    problems: &mut Problems,
-) -> RolledOut {
+    problems: &Problems,
+) -> (RolledOut, Problems) {
+    let mut found = Problems::default();
     let reset_stores = owned.reset_stores.as_deref();
     let owned = owned.view.is_some()
         || ((problems.claims.is_some() || problems.kafka.is_some()) && obs.sts.is_some());
@@ -97,7 +99,7 @@ pub(super) async fn roll_out(
     if rolled_out && let (Some(stores), Some(c)) = (reset_stores, &obs.cluster) {
         match reset::advance(c, &app.application_id(), stores, obs.pods.len()).await {
             Ok(p) => reset_progress = Some(p),
-            Err(Error::Topics(e)) => problems.kafka = Some(e),
+            Err(Error::Topics(e)) => found.kafka = Some(e),
             Err(e) => apply_error = Some(e),
         }
     }
@@ -123,7 +125,7 @@ pub(super) async fn roll_out(
         Error::BuildChildren(_) => Verdict::stalled(reason::BUILD_FAILED, e.to_string()),
         _ => Verdict::waiting(reason::APPLY_FAILED, e.to_string()),
     });
-    RolledOut {
+    let rolled = RolledOut {
         applied_sts,
         rolled_out,
         in_force,
@@ -132,7 +134,8 @@ pub(super) async fn roll_out(
         reset_verdict,
         reset_done,
         store_encoding,
-    }
+    };
+    (rolled, found)
 }
 
 /// Builds every child (and the assignment to publish, if any) and applies them in order;

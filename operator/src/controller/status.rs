@@ -1,7 +1,8 @@
 //! The status step of a reconciliation: the status the StreamApp should have, from
 //! what the steps before found (the verdicts) and what the workload and the pods'
-//! reports say. What each condition says is [`crate::status`]'s, pure; this step only
-//! gathers its input, and reads why the StatefulSet cannot create pods, if it cannot.
+//! reports say (pure). What each condition says is [`crate::status`]'s; this step only
+//! gathers its input. Why the StatefulSet cannot create pods is read before
+//! ([`super::pod_creation::of_app`]).
 //!
 //! It must not write (that is `status_write`).
 
@@ -10,16 +11,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use oxbow_crds::{InstanceStatus, StreamApp, StreamAppStatus};
 
-use super::apply::Problems;
 use super::dereference::Observed;
 use super::internal_topics::{self, TopicsStep};
 use super::place::Placed;
 use super::rollout::RolledOut;
 use super::validate::Validated;
-use super::{Context, pod_creation};
 use crate::build;
 use crate::placement::PodObservation;
-use crate::status::{self, ConditionType, StatusInput, WorkloadFacts};
+use crate::status::{self, ConditionType, StatusInput, Verdict, WorkloadFacts};
 
 /// The status to write, and what the events and the next reconcile depend on.
 pub(super) struct NextStatus<'a> {
@@ -34,29 +33,40 @@ pub(super) struct NextStatus<'a> {
     pub placing: bool,
 }
 
-/// The status from the steps' findings. `sts`: the StatefulSet as the apply returned it
-/// (its new generation), else as read at the start: no second read.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn next_status<'a>(
+/// What the steps before found, for the status.
+pub(super) struct Findings<'a> {
+    pub obs: &'a Observed,
+    pub placed: &'a Placed,
+    pub validated: Validated,
+    pub rolled: &'a RolledOut,
+    pub topics: TopicsStep,
+    /// Why the spec cannot run (`Problems::invalid`).
+    pub invalid: Option<Verdict>,
+    /// The stores a reset empties, while it runs.
+    pub reset_stores: Option<&'a [String]>,
+    /// Why the StatefulSet cannot create pods ([`super::pod_creation::of_app`]).
+    pub create_failure: Option<String>,
+}
+
+/// The status from the steps' findings, as of `now`. The StatefulSet is the one the
+/// apply returned (its new generation), else the one read at the start: no second read.
+pub(super) fn next_status<'a>(
     app: &StreamApp,
-    ctx: &Context,
-    obs: &Observed,
-    placed: &'a Placed,
-    validated: Validated,
-    rolled: &RolledOut,
-    topics: TopicsStep,
-    problems: &Problems,
-    reset_stores: Option<&[String]>,
+    found: Findings<'a>,
+    now: Timestamp,
 ) -> NextStatus<'a> {
+    let Findings {
+        obs,
+        placed,
+        validated,
+        rolled,
+        topics,
+        invalid,
+        reset_stores,
+        create_failure,
+    } = found;
     let previous = app.status.clone().unwrap_or_default();
     let sts = rolled.applied_sts.as_ref().or(obs.sts.as_ref());
-    let newest_pod = obs
-        .pods
-        .iter()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .max();
-    let create_failure =
-        pod_creation::failure(&ctx.client, &ctx.event_reads, sts, newest_pod).await;
     let workload = workload_facts(
         app,
         sts,
@@ -82,9 +92,7 @@ pub(super) async fn next_status<'a>(
             .is_some_and(|a| !status::unacknowledged(a, &instances).is_empty());
     let input = StatusInput {
         generation: app.metadata.generation,
-        invalid: problems
-            .invalid
-            .clone()
+        invalid: invalid
             .or(rolled.apply_verdict.clone())
             .or(rolled.reset_verdict.clone()),
         topics: topics.verdict,
@@ -92,7 +100,7 @@ pub(super) async fn next_status<'a>(
         workload: status::workload_verdict(&workload),
         restored,
         previous: &previous.conditions,
-        now: Timestamp::now(),
+        now,
     };
     let (conditions, phase) = status::conditions(&input);
     let ready = status::when_true(&conditions, ConditionType::Ready).is_some();

@@ -10,6 +10,7 @@ use oxbow_crds::StreamApp;
 use oxbow_crds::validate::{join_partitions, task_count, validate_app};
 
 use super::apply::Problems;
+use super::dereference::Observed;
 use super::reset::{self, ResetPlan};
 use crate::status::{Verdict, reason};
 use crate::topics::TopicError;
@@ -25,17 +26,22 @@ pub(super) struct Validated {
     pub resetting: Option<Vec<String>>,
 }
 
-/// Validates the spec against the sources' partition counts (`counts`, or why Kafka
-/// could not say). `secret_missing`: `spec.kafka.secretRef` names no Secret.
+/// Validates the spec against what was read: the sources' partition counts (`counts`,
+/// or why Kafka could not say), the Kafka Secret and client configuration. The problems
+/// found: `invalid` (the spec), `source` (the sources, the Secret or the client
+/// configuration) and `kafka` (the counts could not be read).
 pub(super) fn validate(
     app: &StreamApp,
-    secret_missing: bool,
+    obs: &Observed,
     counts: Result<BTreeMap<String, Option<i32>>, TopicError>,
-    problems: &mut Problems,
-) -> Validated {
+) -> (Validated, Problems) {
+    let mut found = Problems {
+        source: obs.client_refused.clone(),
+        ..Problems::default()
+    };
     let spec_errors = validate_app(app);
-    if let (true, Some(r)) = (secret_missing, &app.spec.kafka.secret_ref) {
-        problems.source = Some(Verdict::stalled(
+    if let (None, Some(r)) = (&obs.secret, &app.spec.kafka.secret_ref) {
+        found.source = Some(Verdict::stalled(
             reason::KAFKA_SECRET_MISSING,
             format!(
                 "Secret {} named by spec.kafka.secretRef does not exist",
@@ -44,26 +50,26 @@ pub(super) fn validate(
         ));
     }
     let tasks = match counts {
-        Ok(_) if problems.source.is_some() => None,
+        Ok(_) if found.source.is_some() => None,
         Ok(counts) => match task_count(&source_only(&counts, &app.spec.source.topics)) {
             Ok(n) => match join_partitions(&app.spec, n, &counts).first() {
                 Some(e) => {
-                    problems.source = Some(Verdict::stalled(reason::of(e), e.to_string()));
+                    found.source = Some(Verdict::stalled(reason::of(e), e.to_string()));
                     None
                 }
                 None => Some(n),
             },
             Err(e) => {
-                problems.source = Some(Verdict::stalled(reason::of(&e), e.to_string()));
+                found.source = Some(Verdict::stalled(reason::of(&e), e.to_string()));
                 None
             }
         },
         Err(e) => {
-            problems.kafka = Some(e);
+            found.kafka = Some(e);
             None
         }
     };
-    problems.invalid = (!spec_errors.is_empty()).then(|| {
+    found.invalid = (!spec_errors.is_empty()).then(|| {
         let reason = reason::of(&spec_errors[0]);
         let msg = spec_errors
             .iter()
@@ -72,8 +78,8 @@ pub(super) fn validate(
             .join("; ");
         Verdict::stalled(reason, format!("invalid spec: {msg}"))
     });
-    if let (None, Some((in_force, wanted))) = (&problems.invalid, app.application_id_change()) {
-        problems.invalid = Some(Verdict::stalled(
+    if let (None, Some((in_force, wanted))) = (&found.invalid, app.application_id_change()) {
+        found.invalid = Some(Verdict::stalled(
             reason::APPLICATION_ID_CHANGED,
             format!(
                 "spec.applicationId is {wanted} but the app runs as {in_force} (status.applicationId): changing it would orphan the state, the group and the topics; set it back to {in_force}, or create a new StreamApp"
@@ -93,21 +99,22 @@ pub(super) fn validate(
     let mut resetting = None;
     match reset::plan(&changes, &reset::requested(app)) {
         ResetPlan::Nothing => {}
-        ResetPlan::Reset(stores) => resetting = problems.invalid.is_none().then_some(stores),
-        ResetPlan::NotAllowed(missing) if problems.invalid.is_none() => {
-            problems.invalid = Some(Verdict::stalled(
+        ResetPlan::Reset(stores) => resetting = found.invalid.is_none().then_some(stores),
+        ResetPlan::NotAllowed(missing) if found.invalid.is_none() => {
+            found.invalid = Some(Verdict::stalled(
                 reason::INCOMPATIBLE_STATE_CHANGE,
                 oxbow_crds::layouts::message(&changes) + &reset::hint(app, &missing),
             ));
         }
         ResetPlan::NotAllowed(_) => {}
     }
-    Validated {
+    let validated = Validated {
         tasks,
         layouts,
         recorded,
         resetting,
-    }
+    };
+    (validated, found)
 }
 
 /// The partition counts of the source topics alone.
