@@ -8,7 +8,7 @@ use std::time::Duration;
 /// The regular expression the CRD's CEL rules apply to every duration field.
 pub const DURATION_REGEX: &str = "^([0-9]+(ms|s|m|h|d))+$";
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error(
     "failed to parse duration {input:?}: {reason} (write e.g. 100ms, 30s, 5m, 24h, 1d or 1h30m)"
 )]

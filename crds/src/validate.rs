@@ -44,7 +44,7 @@ pub fn transaction_timeout(
     let max_ms = BROKER_MAX_TRANSACTION_TIMEOUT.as_millis();
     let Some(explicit) = explicit else {
         if twice > BROKER_MAX_TRANSACTION_TIMEOUT {
-            return Err(ValidationError::InvalidDuration {
+            return Err(ValidationError::UnusableDuration {
                 path: "spec.commitInterval".into(),
                 message: format!(
                     "{interval:?} is too long for exactly_once: a transaction stays open about one commit interval, so it needs a transaction timeout of at least twice that ({} ms), above the brokers' default transaction.max.timeout.ms ({max_ms} ms); use a commitInterval of at most {}",
@@ -62,12 +62,12 @@ pub fn transaction_timeout(
         .trim()
         .parse::<u64>()
         .map(Duration::from_millis)
-        .map_err(|_| ValidationError::InvalidDuration {
+        .map_err(|_| ValidationError::UnusableDuration {
             path: path.clone(),
             message: format!("failed to read {explicit:?} as a whole number of milliseconds"),
         })?;
     if timeout > BROKER_MAX_TRANSACTION_TIMEOUT {
-        return Err(ValidationError::InvalidDuration {
+        return Err(ValidationError::UnusableDuration {
             path,
             message: format!(
                 "{} ms is above the brokers' default transaction.max.timeout.ms ({max_ms} ms): no task's producer could start under exactly_once; at most {max_ms} ms, and at least twice commitInterval {interval:?}",
@@ -76,7 +76,7 @@ pub fn transaction_timeout(
         });
     }
     if timeout < twice {
-        return Err(ValidationError::InvalidDuration {
+        return Err(ValidationError::UnusableDuration {
             path: "spec.commitInterval".into(),
             message: format!(
                 "{interval:?} needs a transaction timeout of at least twice that ({} ms) under exactly_once, but {path} is {} ms: transactions would be aborted before they commit; shorten commitInterval or raise {TRANSACTION_TIMEOUT_PROPERTY}",
@@ -340,16 +340,13 @@ fn duration_errors(spec: &StreamAppSpec) -> Vec<ValidationError> {
                     && !path.ends_with(".grace")
                     && !path.ends_with(".retention") =>
             {
-                errors.push(ValidationError::InvalidDuration {
+                errors.push(ValidationError::UnusableDuration {
                     path,
                     message: format!("{d:?} must be greater than zero"),
                 })
             }
             Ok(_) => {}
-            Err(e) => errors.push(ValidationError::InvalidDuration {
-                path,
-                message: e.to_string(),
-            }),
+            Err(source) => errors.push(ValidationError::InvalidDuration { path, source }),
         }
     }
     errors

@@ -19,7 +19,7 @@
 //! Owns: the check and its cache. Must not touch: what the endpoints answer.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::{
@@ -33,8 +33,21 @@ const CACHE_FOR: Duration = Duration::from_secs(10);
 /// Bound on remembered answers (one per distinct token).
 const CACHE_MAX: usize = 4096;
 
+/// Why the API server could not be asked, with the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    #[error("no API server configuration: {0}")]
+    Config(#[source] kube::config::InferConfigError),
+    #[error("the bearer token is not a valid header value")]
+    TokenNotAHeader(#[source] reqwest::header::InvalidHeaderValue),
+    #[error("failed to build a client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("the access review failed: {0}")]
+    Review(#[source] kube::Error),
+}
+
 /// The answer for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Verdict {
     Allowed,
     /// No `Authorization: Bearer` header.
@@ -45,10 +58,19 @@ pub enum Verdict {
     Forbidden {
         user_reason: String,
     },
-    /// The API server could not be asked.
-    Unavailable {
-        error: String,
-    },
+    /// The API server could not be asked (never cached: the next request asks again).
+    Unavailable(Arc<Unavailable>),
+}
+
+impl PartialEq for Verdict {
+    /// Equal answers; two `Unavailable` are equal when they are one failure.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Forbidden { user_reason: a }, Self::Forbidden { user_reason: b }) => a == b,
+            (Self::Unavailable(a), Self::Unavailable(b)) => Arc::ptr_eq(a, b),
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
 }
 
 impl Verdict {
@@ -77,7 +99,7 @@ impl Verdict {
                 403,
                 format!("the token's identity lacks {}{user_reason}", right()),
             )),
-            Verdict::Unavailable { error } => Some((
+            Verdict::Unavailable(error) => Some((
                 503,
                 format!("failed to check the token with the API server: {error}"),
             )),
@@ -144,18 +166,18 @@ impl Access {
         }
         let base = match base
             .get_or_try_init(|| async {
-                let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+                let mut config = kube::Config::infer().await.map_err(Unavailable::Config)?;
                 // Nothing of the worker's own identity: no client certificate, no token.
                 config.auth_info = kube::config::AuthInfo::default();
-                Ok::<_, String>(config)
+                Ok::<_, Unavailable>(config)
             })
             .await
         {
             Ok(b) => b,
-            Err(error) => return Verdict::Unavailable { error },
+            Err(error) => return Verdict::Unavailable(Arc::new(error)),
         };
         let verdict = review(base, token, namespace, app).await;
-        if !matches!(verdict, Verdict::Unavailable { .. }) {
+        if !matches!(verdict, Verdict::Unavailable(_)) {
             let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
             if c.len() >= CACHE_MAX {
                 c.retain(|_, (_, at)| now.duration_since(*at) < CACHE_FOR);
@@ -181,7 +203,7 @@ pub fn bearer(authorization: Option<&str>) -> Option<&str> {
 async fn review(base: &kube::Config, token: &str, namespace: &str, app: &str) -> Verdict {
     let client = match client_as(base, token) {
         Ok(c) => c,
-        Err(error) => return Verdict::Unavailable { error },
+        Err(error) => return Verdict::Unavailable(Arc::new(error)),
     };
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
@@ -220,20 +242,18 @@ async fn review(base: &kube::Config, token: &str, namespace: &str, app: &str) ->
         Err(kube::Error::Api(s)) if s.code == 403 => Verdict::Forbidden {
             user_reason: String::new(),
         },
-        Err(e) => Verdict::Unavailable {
-            error: e.to_string(),
-        },
+        Err(e) => Verdict::Unavailable(Arc::new(Unavailable::Review(e))),
     }
 }
 
 /// A client of this pod's API server that authenticates with `token` alone.
-fn client_as(base: &kube::Config, token: &str) -> Result<kube::Client, String> {
+fn client_as(base: &kube::Config, token: &str) -> Result<kube::Client, Unavailable> {
     let mut config = base.clone();
     let value = format!("Bearer {token}")
         .parse()
-        .map_err(|_| "the bearer token is not a valid header value".to_string())?;
+        .map_err(Unavailable::TokenNotAHeader)?;
     config.headers.push((reqwest::header::AUTHORIZATION, value));
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    kube::Client::try_from(config).map_err(Unavailable::Client)
 }
 
 #[cfg(test)]

@@ -272,8 +272,8 @@ impl TaskDb {
     }
 
     /// The directory's identity; `Ok(None)` when it has none yet (new, or written
-    /// before identities), `Err` text when it is there but unreadable.
-    pub fn identity(&self) -> Result<Option<Result<Identity, String>>, StoreError> {
+    /// before identities), `Some(Err(_))` with why when it is there but unreadable.
+    pub fn identity(&self) -> Result<Option<Result<Identity, serde_json::Error>>, StoreError> {
         let raw = self
             .db
             .get_cf(self.meta()?, IDENTITY)
@@ -282,7 +282,7 @@ impl TaskDb {
                 store: META.into(),
                 source: self.noted(source),
             })?;
-        Ok(raw.map(|v| serde_json::from_slice(&v).map_err(|e| e.to_string())))
+        Ok(raw.map(|v| serde_json::from_slice(&v)))
     }
 
     /// Records the directory's identity.

@@ -28,8 +28,18 @@ pub enum ValidationError {
         assumed: u64,
         budget: u64,
     },
+    /// A duration that does not parse.
+    #[error("{path}: {source}")]
+    InvalidDuration {
+        path: String,
+        #[source]
+        source: crate::duration::DurationError,
+    },
+    /// A duration that parses but cannot work where it is (zero, or at odds with the
+    /// transaction timeout). Shown with the same reason as one that does not parse.
     #[error("{path}: {message}")]
-    InvalidDuration { path: String, message: String },
+    #[strum(serialize = "InvalidDuration")]
+    UnusableDuration { path: String, message: String },
     /// Never quotes the value: it may be a secret.
     #[error("{path}: refused, because {}", why.explain())]
     #[strum(serialize = "KafkaPropertyRefused")]

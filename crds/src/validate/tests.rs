@@ -113,7 +113,7 @@ fn a_zero_grace_is_allowed_but_a_zero_window_is_not() {
     let a = app(&BASE.replace("tumbling: 10m", "tumbling: 0m"));
     let errs = validate_spec(&a.spec);
     assert!(
-        matches!(&errs[..], [ValidationError::InvalidDuration { path, .. }] if path.ends_with("window.tumbling")),
+        matches!(&errs[..], [ValidationError::UnusableDuration { path, .. }] if path.ends_with("window.tumbling")),
         "{errs:?}"
     );
 }
@@ -123,7 +123,7 @@ fn a_zero_commit_interval_is_rejected() {
     let a = app(&BASE.replace("source:", "commitInterval: 0ms\n  source:"));
     let errs = validate_spec(&a.spec);
     assert!(
-        matches!(&errs[..], [ValidationError::InvalidDuration { path, .. }] if path == "spec.commitInterval"),
+        matches!(&errs[..], [ValidationError::UnusableDuration { path, .. }] if path == "spec.commitInterval"),
         "{errs:?}"
     );
 }
@@ -223,7 +223,7 @@ fn a_commit_interval_beyond_what_brokers_allow_by_default_is_rejected() {
     );
     let errs = validate_spec(&with("10s", r#""transaction.timeout.ms": "1800000""#).spec);
     assert!(
-        matches!(&errs[..], [ValidationError::InvalidDuration { path, message }]
+        matches!(&errs[..], [ValidationError::UnusableDuration { path, message }]
                 if path == r#"spec.kafka.properties["transaction.timeout.ms"]"#
                     && message.starts_with("1800000 ms is above the brokers' default transaction.max.timeout.ms (900000 ms)")),
         "{errs:?}"
@@ -394,4 +394,24 @@ fn task_count_requires_existing_co_partitioned_topics() {
     );
     let err = task_count(&m(&[("a", Some(4)), ("b", None)])).expect_err("missing");
     assert_eq!(err.to_string(), "source topics do not exist: b");
+}
+
+#[test]
+fn an_unparsable_duration_keeps_the_parse_error_as_its_cause() {
+    let a = app(&BASE.replace("source:", "commitInterval: 10x\n  source:"));
+    let errs = validate_spec(&a.spec);
+    let [e @ ValidationError::InvalidDuration { path, .. }] = &errs[..] else {
+        panic!("one unparsable duration expected: {errs:?}");
+    };
+    assert_eq!(path, "spec.commitInterval");
+    let cause = std::error::Error::source(e).expect("the parse error is kept as the cause");
+    assert!(cause.to_string().contains(r#""10x""#), "{cause}");
+}
+
+#[test]
+fn a_duration_that_cannot_work_shows_the_same_reason_as_one_that_does_not_parse() {
+    let a = app(&BASE.replace("source:", "commitInterval: 0ms\n  source:"));
+    let errs = validate_spec(&a.spec);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].reason(), "InvalidDuration");
 }

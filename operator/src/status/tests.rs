@@ -17,6 +17,13 @@ fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
         },
         E::InvalidDuration {
             path: "p".into(),
+            source: oxbow_crds::duration::DurationError {
+                input: "1x".into(),
+                reason: "r",
+            },
+        },
+        E::UnusableDuration {
+            path: "p".into(),
             message: "m".into(),
         },
         E::DuplicateStore {

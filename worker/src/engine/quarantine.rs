@@ -14,7 +14,7 @@ use crate::store::Identity;
 
 /// Why a directory was moved aside; the metric label (the variant's name) and the
 /// event's wording.
-#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[derive(Debug, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum Unusable {
     /// RocksDB refused to open it (corruption, checksum, missing files).
@@ -23,8 +23,8 @@ pub enum Unusable {
     Corrupted(String),
     /// Its identity names another app, task or partition count.
     Foreign { found: Identity },
-    /// Its identity record is there but is not one.
-    BadIdentity(String),
+    /// Its identity record is there but is not one: why it does not decode.
+    BadIdentity(serde_json::Error),
     /// A store's data was written under another layout: the store was reset
     /// (`oxbow.dev/reset`), its changelog started over, and this copy is the old data.
     LayoutChanged { store: String, was: String },
@@ -58,7 +58,7 @@ impl Unusable {
 }
 
 /// What to do with a directory that opened.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Verdict {
     /// Its identity is this task's.
     Use,
@@ -70,7 +70,7 @@ pub enum Verdict {
 }
 
 /// The decision for a directory that opened, from the identity it holds.
-pub fn judge(found: Option<Result<Identity, String>>, expected: &Identity) -> Verdict {
+pub fn judge(found: Option<Result<Identity, serde_json::Error>>, expected: &Identity) -> Verdict {
     match found {
         None => Verdict::Stamp,
         Some(Err(e)) => Verdict::MoveAside(Unusable::BadIdentity(e)),
@@ -131,7 +131,7 @@ mod tests {
             Unusable::Unreadable(unopenable).label(),
             Unusable::Corrupted("c".into()).label(),
             Unusable::Foreign { found: me() }.label(),
-            Unusable::BadIdentity("eof".into()).label(),
+            Unusable::BadIdentity(eof()).label(),
             Unusable::LayoutChanged {
                 store: "s".into(),
                 was: "w".into(),
@@ -151,6 +151,11 @@ mod tests {
     }
     use super::*;
 
+    /// What serde says of a truncated record.
+    fn eof() -> serde_json::Error {
+        serde_json::from_slice::<Identity>(b"{").expect_err("a truncated record")
+    }
+
     fn me() -> Identity {
         Identity {
             application_id: "ns.orders".into(),
@@ -166,8 +171,8 @@ mod tests {
 
     #[test]
     fn a_directory_without_identity_is_stamped_and_its_own_is_used() {
-        assert_eq!(judge(None, &me()), Verdict::Stamp);
-        assert_eq!(judge(Some(Ok(me())), &me()), Verdict::Use);
+        assert!(matches!(judge(None, &me()), Verdict::Stamp));
+        assert!(matches!(judge(Some(Ok(me())), &me()), Verdict::Use));
     }
 
     #[test]
@@ -187,10 +192,13 @@ mod tests {
             },
         ] {
             let v = judge(Some(Ok(found.clone())), &me());
-            assert_eq!(v, Verdict::MoveAside(Unusable::Foreign { found }));
+            assert!(
+                matches!(&v, Verdict::MoveAside(Unusable::Foreign { found: f }) if *f == found),
+                "{v:?}"
+            );
         }
         assert!(matches!(
-            judge(Some(Err("eof".into())), &me()),
+            judge(Some(Err(eof())), &me()),
             Verdict::MoveAside(Unusable::BadIdentity(_))
         ));
     }
@@ -205,23 +213,28 @@ mod tests {
             .into(),
             ..me()
         };
-        assert_eq!(
-            judge(Some(Ok(old)), &me()),
-            Verdict::MoveAside(Unusable::LayoutChanged {
-                store: "totals".into(),
-                was: "aggregate window=none fields=n:count,s:sum".into()
-            })
+        let v = judge(Some(Ok(old)), &me());
+        assert!(
+            matches!(&v, Verdict::MoveAside(Unusable::LayoutChanged { store, was })
+                if store == "totals" && was == "aggregate window=none fields=n:count,s:sum"),
+            "{v:?}"
         );
         let before_layouts = Identity {
             layouts: Default::default(),
             ..me()
         };
-        assert_eq!(judge(Some(Ok(before_layouts)), &me()), Verdict::Stamp);
+        assert!(matches!(
+            judge(Some(Ok(before_layouts)), &me()),
+            Verdict::Stamp
+        ));
         let other_store = Identity {
             layouts: [("seen".to_string(), "dedupe".to_string())].into(),
             ..me()
         };
-        assert_eq!(judge(Some(Ok(other_store)), &me()), Verdict::Stamp);
+        assert!(matches!(
+            judge(Some(Ok(other_store)), &me()),
+            Verdict::Stamp
+        ));
     }
 
     #[test]
