@@ -42,5 +42,8 @@ if ((${#missing[@]})); then
   fi
 fi
 need cargo "install Rust with rustup (https://rustup.rs)"
-need go "install Go 1.24 or newer"
+need go "install Go 1.26 or newer"
+# etcd v3.6.16's module asks for Go 1.26, and the stack builds with the local Go only.
+go_minor=$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')
+[[ -n "$go_minor" && "$go_minor" -ge 26 ]] || die "Go 1.26 or newer is required (found: $(go env GOVERSION))"
 grep -qE 'version "(1[7-9]|2[0-9])' <<<"$(java -version 2>&1)" || die "Java 17 or newer is required (found: $(java -version 2>&1 | head -1))"
