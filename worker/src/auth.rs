@@ -33,17 +33,22 @@ const CACHE_FOR: Duration = Duration::from_secs(10);
 /// Bound on remembered answers (one per distinct token).
 const CACHE_MAX: usize = 4096;
 
-/// Why the API server could not be asked, with the cause.
+/// Why the API server could not be asked, with the cause. The texts are the causes'
+/// own (what a refused caller reads after "failed to check the token with the API
+/// server: "); none holds the token.
 #[derive(Debug, thiserror::Error)]
 pub enum Unavailable {
-    #[error("no API server configuration: {0}")]
-    Config(#[source] kube::config::InferConfigError),
+    /// No in-cluster or kubeconfig configuration.
+    #[error(transparent)]
+    Config(kube::config::InferConfigError),
     #[error("the bearer token is not a valid header value")]
     TokenNotAHeader(#[source] reqwest::header::InvalidHeaderValue),
-    #[error("failed to build a client: {0}")]
-    Client(#[source] kube::Error),
-    #[error("the access review failed: {0}")]
-    Review(#[source] kube::Error),
+    /// A client for the caller's token could not be built.
+    #[error(transparent)]
+    Client(kube::Error),
+    /// The SelfSubjectAccessReview failed (not a 401 or 403 answer).
+    #[error(transparent)]
+    Review(kube::Error),
 }
 
 /// The answer for one request.
@@ -250,7 +255,7 @@ async fn review(base: &kube::Config, token: &str, namespace: &str, app: &str) ->
 fn client_as(base: &kube::Config, token: &str) -> Result<kube::Client, Unavailable> {
     let mut config = base.clone();
     let value = format!("Bearer {token}")
-        .parse()
+        .parse::<reqwest::header::HeaderValue>()
         .map_err(Unavailable::TokenNotAHeader)?;
     config.headers.push((reqwest::header::AUTHORIZATION, value));
     kube::Client::try_from(config).map_err(Unavailable::Client)

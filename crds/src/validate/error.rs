@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use super::describe_counts;
 
-/// The variant's name is the reason a condition or event shows (two are renamed).
+/// The variant's name is the reason a condition or event shows (three are renamed;
+/// `UnusableDuration` shares `InvalidDuration`'s).
 #[derive(
     Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
 )]
