@@ -183,14 +183,30 @@ async fn pods_get_config_an_rbac_identity_probes_restarts_and_termination() {
     let manifest = pod_manifest("crashing", "", r#"["--no-such-flag"]"#);
     let (ok, _, err) = kubectl(&["apply", "-n", n, "-f", "-"], Some(&manifest));
     assert!(ok, "apply crashing pod: {err}");
-    let p = wait_for("pod crashing to restart twice", t, || async {
-        let p = pod_status(&pods, "crashing").await?;
-        if restarts(&p) >= 2 {
-            Ok(p)
-        } else {
-            Err(format!("restarts: {}", restarts(&p)))
-        }
-    })
+    // The kubelet may publish a restart's count before the crash it follows (one run saw
+    // two restarts and no lastState): wait for both.
+    let p = wait_for(
+        "pod crashing to restart twice and report the last crash",
+        t,
+        || async {
+            let p = pod_status(&pods, "crashing").await?;
+            let crashed = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.first())
+                .and_then(|c| c.last_state.as_ref())
+                .is_some_and(|s| s.terminated.is_some());
+            if restarts(&p) >= 2 && crashed {
+                Ok(p)
+            } else {
+                Err(format!(
+                    "restarts: {}, last state terminated: {crashed}",
+                    restarts(&p)
+                ))
+            }
+        },
+    )
     .await;
     let cs = p
         .status
