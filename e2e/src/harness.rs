@@ -13,12 +13,12 @@
 //! ([`requires_local_stack`]).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use oxbow_testkit::kube::{TestNamespace, kube_client, kubectl, kubectl_path};
 pub use oxbow_testkit::stack::{cache_dir, kafka_bootstrap, stack_var, stack_var_opt};
 pub use oxbow_testkit::unique;
-pub use oxbow_testkit::wait::wait_for_async as wait_for;
+pub use oxbow_testkit::wait::{Deadline, wait_for_async as wait_for};
 
 /// Kafka's bootstrap servers for pods, what the StreamApps the tests write put in
 /// `spec.kafka.bootstrapServers`: `KAFKA_BOOTSTRAP_IN_CLUSTER` when set (on kind, the
@@ -128,7 +128,7 @@ pub fn install_crd() {
     assert!(ok, "failed to install the StreamApp CRD: {err}");
     // Not `kubectl wait`: on a CRD created a moment ago it fails at once, before the
     // API server has written any condition ("<nil> is of the type <nil>").
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         let (_, out, err) = kubectl(
             &[
@@ -142,11 +142,9 @@ pub fn install_crd() {
         if out.trim() == "True" {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the StreamApp CRD was not established after 60 s: {out} {err}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
+        deadline.next_poll(Duration::from_millis(200), || {
+            format!("the StreamApp CRD was not established: {out} {err}")
+        });
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oxbow_e2e::harness::{kafka_bootstrap, unique, wait_for};
+use oxbow_e2e::harness::{Deadline, kafka_bootstrap, unique, wait_for};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -36,8 +36,8 @@ async fn read_all(topic: &str) -> (Vec<(String, String)>, i64) {
         .expect("partition");
     consumer.assign(&tpl).expect("assign");
     let mut out = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::time::Instant::now() < deadline {
+    let deadline = Deadline::after(Duration::from_secs(20));
+    loop {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 let k = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
@@ -51,11 +51,13 @@ async fn read_all(topic: &str) -> (Vec<(String, String)>, i64) {
             None if high == 0 => return (out, high),
             None => {}
         }
+        deadline.check(|| {
+            format!(
+                "the high watermark {high} of {topic} was not reached; read {} records",
+                out.len()
+            )
+        });
     }
-    panic!(
-        "did not reach the high watermark {high} of {topic}; read {} records",
-        out.len()
-    );
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use oxbow_e2e::harness::{kafka_bootstrap, unique};
+use oxbow_e2e::harness::{Deadline, kafka_bootstrap, unique};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -28,9 +28,9 @@ fn consume(topic: &str, isolation: &str, expect_at_least: usize) -> Vec<String> 
     let mut values = Vec::new();
     // Read until the stream is quiet for 2 s after at least the expected count arrived,
     // so extra (wrongly visible) records would be caught too.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Deadline::after(Duration::from_secs(30));
     let mut quiet_since = std::time::Instant::now();
-    while std::time::Instant::now() < deadline {
+    loop {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 values.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
@@ -44,10 +44,12 @@ fn consume(topic: &str, isolation: &str, expect_at_least: usize) -> Vec<String> 
             }
             None => {}
         }
+        deadline.check(|| {
+            format!(
+                "the {isolation} consumer saw only {values:?} (wanted at least {expect_at_least})"
+            )
+        });
     }
-    panic!(
-        "{isolation} consumer saw only {values:?} within 30s (wanted at least {expect_at_least})"
-    );
 }
 
 #[tokio::test]

@@ -17,8 +17,8 @@ use oxbow_crds::StreamApp;
 use oxbow_crds::TaskId;
 use oxbow_crds::assignment::{Assignment, CONFIG_MAP_KEY};
 use oxbow_e2e::harness::{
-    OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl, unique,
-    wait_for,
+    Deadline, OperatorProcess, TestNamespace, apps, install_crd, kafka, kube_client, kubectl,
+    unique, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -102,8 +102,7 @@ async fn run_workers_until<T>(
     what: &str,
     check: impl Fn(&StreamApp) -> Result<T, String>,
 ) -> T {
-    let timeout = Duration::from_secs(90);
-    let start = std::time::Instant::now();
+    let deadline = Deadline::after(Duration::from_secs(90));
     let mut reported = None;
     loop {
         let last = match assignment(cms, name).await {
@@ -123,11 +122,11 @@ async fn run_workers_until<T>(
             },
             Err(e) => e,
         };
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}; last observed: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        deadline
+            .next_poll_async(Duration::from_millis(200), || {
+                format!("waiting for {what}; last observed: {last}")
+            })
+            .await;
     }
 }
 
@@ -596,7 +595,7 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
     // Every pod keeps reporting what it is given, caught up: the leaving pod's tasks
     // warm up on the staying pods, move, and it is left with nothing.
     let leaving = pods[2].clone();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let deadline = Deadline::after(Duration::from_secs(90));
     let mut reported = None;
     loop {
         let a = assignment(cms, name).await.expect("assignment");
@@ -614,13 +613,15 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
             }
             reported = Some(a.generation);
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "90 s after the scale-in without Kafka, {leaving} still holds {:?} (generation {})",
-            actives_of(&a, &leaving),
-            a.generation
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        deadline
+            .next_poll_async(Duration::from_millis(200), || {
+                format!(
+                    "after the scale-in without Kafka, {leaving} still holds {:?} (generation {})",
+                    actives_of(&a, &leaving),
+                    a.generation
+                )
+            })
+            .await;
     }
     apps::delete_all(api).await;
     w.ns.delete().await;
@@ -630,8 +631,8 @@ async fn a_scale_in_drains_the_leaving_pod_while_the_operator_cannot_read_kafka(
 /// active task (at most 45 s); returns that assignment.
 async fn loses_its_actives(w: &WithoutKafka, silent: &str, how: &str) -> Assignment {
     let (api, cms, name) = (&w.api, &w.cms, &w.name);
-    let start = std::time::Instant::now();
-    let mut reported = start;
+    let deadline = Deadline::after(Duration::from_secs(45));
+    let mut reported = std::time::Instant::now();
     loop {
         let a = assignment(cms, name).await.expect("assignment");
         if actives_of(&a, silent).is_empty() {
@@ -643,13 +644,15 @@ async fn loses_its_actives(w: &WithoutKafka, silent: &str, how: &str) -> Assignm
             }
             reported = std::time::Instant::now();
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(45),
-            "45 s after {silent} went silent {how}, it still holds {:?} (generation {})",
-            actives_of(&a, silent),
-            a.generation
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        deadline
+            .next_poll_async(Duration::from_millis(200), || {
+                format!(
+                    "after {silent} went silent {how}, it still holds {:?} (generation {})",
+                    actives_of(&a, silent),
+                    a.generation
+                )
+            })
+            .await;
     }
 }
 

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::*;
 use serde_json::json;
@@ -91,14 +91,9 @@ spec:
     restart_broker();
 
     let ends = end_offsets(&input);
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Deadline::after(Duration::from_secs(300));
     let mut restarts = 0;
     loop {
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not finish after the broker restart ({restarts} restarts); log:\n{}",
-            w.logs()
-        );
         if w.exited().is_some() {
             restarts += 1;
             assert!(
@@ -107,9 +102,7 @@ spec:
                 w.logs()
             );
             w = builder.spawn();
-            continue;
-        }
-        let done = w.status().is_some_and(|s| {
+        } else if w.status().is_some_and(|s| {
             s["tasks"].as_array().is_some_and(|ts| {
                 ts.len() == 2
                     && ts.iter().all(|t| {
@@ -117,11 +110,15 @@ spec:
                         t["positions"][&input].as_i64().unwrap_or(0) >= ends[&p]
                     })
             })
-        });
-        if done {
+        }) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        deadline.next_poll(Duration::from_millis(200), || {
+            format!(
+                "the worker did not finish after the broker restart ({restarts} restarts); log:\n{}",
+                w.logs()
+            )
+        });
     }
     w.stop();
 

@@ -9,13 +9,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use oxbow_testkit::http::{free_port, http_get};
 pub use oxbow_testkit::kafka::*;
 pub use oxbow_testkit::stack::kafka_bootstrap as bootstrap;
 pub use oxbow_testkit::unique;
-pub use oxbow_testkit::wait::wait_for;
+pub use oxbow_testkit::wait::{Deadline, holds_for, wait_for};
 
 /// A StreamApp manifest named `app` on the local broker under `guarantee`
 /// (`exactly_once` or `at_least_once`) with 100 ms commits; `spec` is the rest of the
@@ -164,7 +164,7 @@ impl Worker {
     }
 
     pub fn wait_ready(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             if let Some(st) = self.exited() {
                 panic!(
@@ -175,12 +175,9 @@ impl Worker {
             if http_get(self.addr, "/readyz").is_some_and(|(c, _)| c == 200) {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "worker not ready after {timeout:?}; log:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            deadline.next_poll(Duration::from_millis(50), || {
+                format!("the worker is not ready; log:\n{}", self.logs())
+            });
         }
     }
 
@@ -214,7 +211,7 @@ impl Worker {
         ends: &BTreeMap<i32, i64>,
         timeout: Duration,
     ) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             if let Some(st) = self.exited() {
                 panic!(
@@ -236,13 +233,13 @@ impl Worker {
             {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "worker's stage-{stage} tasks did not commit up to {ends:?} of {topic} within {timeout:?}; status: {:?}\nlog:\n{}",
-                self.status(),
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+            deadline.next_poll(Duration::from_millis(100), || {
+                format!(
+                    "the worker's stage-{stage} tasks did not commit up to {ends:?} of {topic}; status: {:?}\nlog:\n{}",
+                    self.status(),
+                    self.logs()
+                )
+            });
         }
     }
 
@@ -255,7 +252,7 @@ impl Worker {
     pub fn stop(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Deadline::after(Duration::from_secs(30));
         loop {
             if let Some(st) = self.exited() {
                 assert!(
@@ -265,12 +262,12 @@ impl Worker {
                 );
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "worker did not exit within 30s of SIGTERM; log:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            deadline.next_poll(Duration::from_millis(50), || {
+                format!(
+                    "the worker did not exit after SIGTERM; log:\n{}",
+                    self.logs()
+                )
+            });
         }
     }
 }
@@ -316,7 +313,7 @@ pub fn wait_stage_committed(
     ends: &BTreeMap<i32, i64>,
     timeout: Duration,
 ) {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     loop {
         let mut positions: BTreeMap<i32, i64> = BTreeMap::new();
         for w in workers.iter_mut() {
@@ -341,16 +338,16 @@ pub fn wait_stage_committed(
         {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the stage-{stage} tasks did not commit {topic} up to {ends:?} within {timeout:?}; committed: {positions:?}\nlogs:\n{}",
-            workers
-                .iter()
-                .map(|w| w.logs())
-                .collect::<Vec<_>>()
-                .join("\n-----\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        deadline.next_poll(Duration::from_millis(100), || {
+            format!(
+                "the stage-{stage} tasks did not commit {topic} up to {ends:?}; committed: {positions:?}\nlogs:\n{}",
+                workers
+                    .iter()
+                    .map(|w| w.logs())
+                    .collect::<Vec<_>>()
+                    .join("\n-----\n")
+            )
+        });
     }
 }
 
