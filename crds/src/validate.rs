@@ -12,7 +12,7 @@ use crate::names::StoreName;
 use crate::streamapp::{ProcessingGuarantee, Step, StreamAppSpec};
 
 mod error;
-pub use error::ValidationError;
+pub use error::{CelParseError, ValidationError};
 
 /// The librdkafka property a user may set in `spec.kafka.properties`.
 pub const TRANSACTION_TIMEOUT_PROPERTY: &str = "transaction.timeout.ms";
@@ -309,19 +309,11 @@ fn expression_errors(spec: &StreamAppSpec) -> Vec<ValidationError> {
                     });
                 }
             }
-            Err(e) => {
-                let message = e
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("syntax error")
-                    .to_string();
-                errors.push(ValidationError::InvalidExpression {
-                    path,
-                    expr,
-                    message,
-                });
-            }
+            Err(e) => errors.push(ValidationError::InvalidExpression {
+                path,
+                expr,
+                source: e.into(),
+            }),
         }
     }
     errors

@@ -134,11 +134,7 @@ impl Error {
     /// dashboard tells an unreachable cluster from a refused topic operation.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Topics(
-                e @ (TopicError::KafkaUnreachable { .. }
-                | TopicError::KafkaAuthentication { .. }
-                | TopicError::KafkaTls { .. }),
-            ) => crate::status::reason::of_topics(e).as_str(),
+            Error::Topics(e) if e.is_connection_problem() => e.into(),
             other => other.into(),
         }
     }

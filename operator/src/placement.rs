@@ -11,6 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use oxbow_crds::assignment::{self, Assignment, CONFIG_MAP_KEY, Params, PodFacts};
 use oxbow_crds::{InstanceStatus, TaskId};
 
+use crate::status::ConditionStatus;
+
 /// Operator-wide placement settings (flags of `oxbow-operator run`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlacementConfig {
@@ -52,17 +54,34 @@ pub fn ordinal(sts: &str, pod: &str) -> Option<i32> {
         .filter(|n| *n >= 0)
 }
 
+/// A pod's phase, as the API defines it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumString)]
+enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+/// The pod condition the kubelet sets once every container is ready.
+const POD_READY: &str = "Ready";
+
 /// `None` for a pod that is not one of the StatefulSet's (its name has no ordinal).
 pub fn observe(sts: &str, pod: &Pod) -> Option<PodObservation> {
     let name = pod.metadata.name.clone()?;
     let ordinal = ordinal(sts, &name)?;
     let status = pod.status.as_ref();
     let finished = status
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Failed" || p == "Succeeded");
+        .and_then(|s| s.phase.as_deref()?.parse().ok())
+        .is_some_and(|p| matches!(p, PodPhase::Failed | PodPhase::Succeeded));
     let ready = status
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == POD_READY && ConditionStatus::parse(&c.status) == ConditionStatus::True
+            })
+        });
     Some(PodObservation {
         name,
         ordinal,
@@ -127,15 +146,20 @@ pub fn pod_facts(
         .collect()
 }
 
+/// The assignment ConfigMap holds something that is not an assignment (edited by hand).
+#[derive(Debug, thiserror::Error)]
+#[error("{CONFIG_MAP_KEY} is not an assignment: {0}")]
+pub struct UnreadableAssignment(#[source] serde_json::Error);
+
 /// The assignment in the ConfigMap. `Ok(None)`: there is none yet; `Err`: it is there
-/// but not an assignment (edited by hand), with the reason.
-pub fn published(cm: Option<&ConfigMap>) -> Result<Option<Assignment>, String> {
+/// but not an assignment, with the parser's reason.
+pub fn published(cm: Option<&ConfigMap>) -> Result<Option<Assignment>, UnreadableAssignment> {
     let Some(text) = cm.and_then(|c| c.data.as_ref()?.get(CONFIG_MAP_KEY)) else {
         return Ok(None);
     };
     serde_json::from_str(text)
         .map(Some)
-        .map_err(|e| format!("{CONFIG_MAP_KEY} is not an assignment: {e}"))
+        .map_err(UnreadableAssignment)
 }
 
 /// The outcome of one placement round.
@@ -421,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_garbled_assignment_is_reported_and_a_missing_one_is_none() {
-        assert_eq!(published(None), Ok(None));
+        assert!(matches!(published(None), Ok(None)));
         let cm = |v: &str| ConfigMap {
             data: Some(BTreeMap::from([(
                 CONFIG_MAP_KEY.to_string(),
@@ -429,10 +453,14 @@ mod tests {
             )])),
             ..Default::default()
         };
-        assert!(published(Some(&cm("{"))).is_err());
+        let garbled = published(Some(&cm("{"))).expect_err("not an assignment");
+        assert!(
+            std::error::Error::source(&garbled).is_some(),
+            "the parser's error is kept as the cause: {garbled}"
+        );
         let a = placed(&["app-0"]);
         let text = serde_json::to_string(&a).expect("json");
-        assert_eq!(published(Some(&cm(&text))), Ok(Some(a)));
+        assert_eq!(published(Some(&cm(&text))).ok(), Some(Some(a)));
     }
 
     #[test]

@@ -57,7 +57,12 @@ impl ConditionStatus {
 
     /// Anything but "True" or "False" is unknown, as the API conventions say.
     pub fn of(c: &Condition) -> Self {
-        match c.status.as_str() {
+        Self::parse(&c.status)
+    }
+
+    /// The status of any kind's condition (a pod's, say), read the same way.
+    pub fn parse(status: &str) -> Self {
+        match status {
             "True" => Self::True,
             "False" => Self::False,
             _ => Self::Unknown,
@@ -185,16 +190,14 @@ pub mod reason {
         RESTORING = "Restoring" on [super::ConditionType::Restored];
     }
 
-    /// The reason for a failed Kafka admin operation.
+    /// The reason for a failed Kafka admin operation: the listed one the error's variant
+    /// names (a test holds every such name listed).
     pub fn of_topics(e: &crate::topics::TopicError) -> Reason {
-        use crate::topics::TopicError;
-        match e {
-            TopicError::KafkaUnreachable { .. } => KAFKA_UNREACHABLE,
-            TopicError::KafkaAuthentication { .. } => KAFKA_AUTHENTICATION_FAILED,
-            TopicError::KafkaTls { .. } => KAFKA_TLS_FAILED,
-            TopicError::Client(_) => INVALID_KAFKA_PROPERTIES,
-            _ => TOPIC_OPERATION_FAILED,
-        }
+        let name: &'static str = e.into();
+        ALL.iter()
+            .map(|(r, _)| *r)
+            .find(|r| r.as_str() == name)
+            .unwrap_or(TOPIC_OPERATION_FAILED)
     }
 
     /// The reason of a problem found by validation: the listed one the crds crate

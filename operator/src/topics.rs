@@ -23,7 +23,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use crate::kafka_context::{ConnectionContext, ConnectionProblem};
 
-#[derive(Debug, thiserror::Error)]
+/// The variant's name (as strum serializes it) is the reason the topic condition shows:
+/// a connection problem names itself, a refused client configuration is
+/// `InvalidKafkaProperties`, and a refused topic operation `TopicOperationFailed`.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 pub enum TopicError {
     #[error("failed to reach Kafka at {bootstrap}: {source}")]
     KafkaUnreachable {
@@ -33,6 +36,7 @@ pub enum TopicError {
     #[error(
         "Kafka at {bootstrap} refused the authentication: {detail}; check sasl.mechanism, sasl.username and sasl.password in the Secret of spec.kafka.secretRef"
     )]
+    #[strum(serialize = "KafkaAuthenticationFailed")]
     KafkaAuthentication {
         bootstrap: String,
         detail: String,
@@ -41,26 +45,46 @@ pub enum TopicError {
     #[error(
         "the TLS handshake with Kafka at {bootstrap} failed: {detail}; check the CA that verifies the broker (ssl.ca.pem) and, for mutual TLS, the client certificate and key the broker must trust (ssl.certificate.pem, ssl.key.pem)"
     )]
+    #[strum(serialize = "KafkaTlsFailed")]
     KafkaTls {
         bootstrap: String,
         detail: String,
         source: Box<KafkaError>,
     },
     #[error("failed to create topic {topic}: {source}")]
+    #[strum(serialize = "TopicOperationFailed")]
     CreateTopic { topic: String, source: KafkaError },
     #[error("failed to alter the config of topic {topic}: {source}")]
+    #[strum(serialize = "TopicOperationFailed")]
     AlterTopicConfig { topic: String, source: KafkaError },
     #[error("failed to add partitions to topic {topic}: {source}")]
+    #[strum(serialize = "TopicOperationFailed")]
     AddPartitions { topic: String, source: KafkaError },
     #[error("failed to delete topics {topics:?}: {source}")]
+    #[strum(serialize = "TopicOperationFailed")]
     DeleteTopics {
         topics: Vec<String>,
         source: KafkaError,
     },
     #[error("failed to delete consumer group {group}: {source}")]
+    #[strum(serialize = "TopicOperationFailed")]
     DeleteGroup { group: String, source: KafkaError },
     #[error("failed to create a Kafka admin client: {0}")]
-    Client(KafkaError),
+    #[strum(serialize = "InvalidKafkaProperties")]
+    Client(#[source] KafkaError),
+}
+
+impl TopicError {
+    /// Kafka could not be reached or refused the connection: labelled with its own
+    /// reason in the operator's metrics, not as a failed reconcile step.
+    pub fn is_connection_problem(&self) -> bool {
+        matches!(
+            self,
+            Self::KafkaUnreachable { .. }
+                | Self::KafkaAuthentication { .. }
+                | Self::KafkaTls { .. }
+        )
+    }
 }
 
 /// A topic as it exists.

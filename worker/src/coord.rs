@@ -47,11 +47,11 @@ pub fn peer_address(pod: &str, reported: &str, domain: Option<&str>) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
     #[error("failed to create the Kubernetes client: {0}")]
-    Client(kube::Error),
+    Client(#[source] kube::Error),
     #[error("failed to write this pod's report: {0}")]
-    WriteStatus(kube::Error),
+    WriteStatus(#[source] kube::Error),
     #[error("failed to encode this pod's report: {0}")]
-    Encode(serde_json::Error),
+    Encode(#[source] serde_json::Error),
 }
 
 /// A pod whose report Lease has not been renewed for this long (three heartbeats, the

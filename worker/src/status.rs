@@ -155,6 +155,14 @@ pub struct Desired {
     pub held_elsewhere: BTreeSet<TaskId>,
 }
 
+/// The reason of a warning event a worker raises on its StreamApp (the operator
+/// publishes it); the variant's name is the event's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum NoticeReason {
+    /// A task's state directory was corrupt or another task's, and was moved aside.
+    StateQuarantined,
+}
+
 #[derive(Default)]
 pub struct Shared {
     desired: Mutex<Option<Desired>>,
@@ -258,9 +266,9 @@ impl Shared {
         self.update(|s| s.tasks.retain(|x| x.task != task));
     }
     /// Queues a warning event for the StreamApp.
-    pub fn notice(&self, reason: &str, message: String) {
+    pub fn notice(&self, reason: NoticeReason, message: String) {
         if let Ok(mut n) = self.notices.lock() {
-            n.push((reason.to_string(), message));
+            n.push((<&str>::from(reason).to_string(), message));
         }
     }
     /// Takes the queued warnings.

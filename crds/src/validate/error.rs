@@ -4,6 +4,7 @@
 //! Owns: the error texts and reasons. Must not check anything (that is the parent).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::describe_counts;
 
@@ -13,11 +14,12 @@ use super::describe_counts;
     Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
 )]
 pub enum ValidationError {
-    #[error("{path}: failed to parse CEL expression {expr:?}: {message}")]
+    #[error("{path}: failed to parse CEL expression {expr:?}: {source}")]
     InvalidExpression {
         path: String,
         expr: String,
-        message: String,
+        #[source]
+        source: CelParseError,
     },
     #[error(
         "{path}: CEL expression {expr:?} may cost {estimated} units on records with lists of {assumed} elements, over the budget of {budget}: nested comprehensions multiply; iterate once, or move the work to a custom step"
@@ -187,3 +189,36 @@ impl ValidationError {
         self.into()
     }
 }
+
+/// CEL's parse error, kept as the cause of [`ValidationError::InvalidExpression`]. Its
+/// text spans lines (the expression, a caret); it shows the first, which says what is
+/// wrong. Two are equal when their texts are: CEL's error has no equality of its own.
+#[derive(Debug, Clone)]
+pub struct CelParseError(Arc<cel::ParseErrors>);
+
+impl From<cel::ParseErrors> for CelParseError {
+    fn from(e: cel::ParseErrors) -> Self {
+        Self(Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for CelParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0.to_string();
+        f.write_str(text.lines().next().unwrap_or("syntax error"))
+    }
+}
+
+impl std::error::Error for CelParseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for CelParseError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for CelParseError {}

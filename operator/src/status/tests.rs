@@ -1,6 +1,17 @@
 use super::*;
 
 #[test]
+fn every_topic_error_names_a_listed_reason() {
+    use crate::topics::TopicError;
+    for name in <TopicError as strum::VariantNames>::VARIANTS {
+        assert!(
+            reason::ALL.iter().any(|(r, _)| r.as_str() == *name),
+            "the topic error's reason {name} is not in status::reason::ALL"
+        );
+    }
+}
+
+#[test]
 fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
     use oxbow_crds::validate::ValidationError as E;
     for name in <E as strum::VariantNames>::VARIANTS {
@@ -12,8 +23,10 @@ fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
     let problems = [
         E::InvalidExpression {
             path: "p".into(),
-            expr: "e".into(),
-            message: "m".into(),
+            expr: "1 +".into(),
+            source: cel::Program::compile("1 +")
+                .expect_err("not an expression")
+                .into(),
         },
         E::InvalidDuration {
             path: "p".into(),
@@ -413,4 +426,51 @@ fn a_scale_in_that_waits_for_warm_up_says_so() {
         ("ScalingIn", false),
         "not Ready while a removed pod still runs"
     );
+}
+
+#[test]
+fn a_topic_error_gives_the_reason_of_its_kind() {
+    use crate::topics::TopicError;
+    use rdkafka::error::KafkaError;
+    let kafka = || KafkaError::ClientCreation("refused".into());
+    let (bootstrap, detail) = (String::from("b:9092"), String::from("d"));
+    let cases = [
+        (
+            TopicError::KafkaUnreachable {
+                bootstrap: bootstrap.clone(),
+                source: kafka(),
+            },
+            reason::KAFKA_UNREACHABLE,
+        ),
+        (
+            TopicError::KafkaAuthentication {
+                bootstrap: bootstrap.clone(),
+                detail: detail.clone(),
+                source: Box::new(kafka()),
+            },
+            reason::KAFKA_AUTHENTICATION_FAILED,
+        ),
+        (
+            TopicError::KafkaTls {
+                bootstrap,
+                detail,
+                source: Box::new(kafka()),
+            },
+            reason::KAFKA_TLS_FAILED,
+        ),
+        (
+            TopicError::Client(kafka()),
+            reason::INVALID_KAFKA_PROPERTIES,
+        ),
+        (
+            TopicError::CreateTopic {
+                topic: "t".into(),
+                source: kafka(),
+            },
+            reason::TOPIC_OPERATION_FAILED,
+        ),
+    ];
+    for (e, want) in cases {
+        assert_eq!(reason::of_topics(&e), want, "{e:?}");
+    }
 }

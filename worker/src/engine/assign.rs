@@ -342,7 +342,8 @@ impl Engine {
                 reason: why.label().into(),
             })
             .inc();
-        self.shared.notice("StateQuarantined", message);
+        self.shared
+            .notice(crate::status::NoticeReason::StateQuarantined, message);
         Ok(())
     }
 

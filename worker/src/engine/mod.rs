@@ -80,7 +80,7 @@ pub enum EngineError {
         source: KafkaError,
     },
     #[error("failed to read metadata of source topics: {0}")]
-    Metadata(KafkaError),
+    Metadata(#[source] KafkaError),
     #[error(transparent)]
     Validate(#[from] oxbow_crds::validate::ValidationError),
     #[error(transparent)]
@@ -105,7 +105,7 @@ pub enum EngineError {
     #[error("failed to commit task {task}: {source}")]
     Commit { task: TaskId, source: KafkaError },
     #[error("failed to commit offsets: {0}")]
-    CommitOffsets(KafkaError),
+    CommitOffsets(#[source] KafkaError),
     #[error("failed to deliver records{}: {source}", to.as_ref().map(|(t, p)| format!(" to {t} [{p}]")).unwrap_or_default())]
     Delivery {
         /// The topic and partition of the first record that failed, when one did (a
@@ -115,7 +115,7 @@ pub enum EngineError {
         source: KafkaError,
     },
     #[error("failed to assign source partitions: {0}")]
-    AssignPartitions(KafkaError),
+    AssignPartitions(#[source] KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("failed to create topic {topic}: {source}")]

@@ -65,9 +65,9 @@ impl Aggregate {
             .as_ref()
             .map(WindowRules::from_spec)
             .transpose()
-            .map_err(|e| CompileError::Invalid {
+            .map_err(|source| CompileError::Window {
                 path: format!("{p}.aggregate.window"),
-                message: e.to_string(),
+                source,
             })?;
         let mut fields = Vec::new();
         for (fname, f) in &a.fields {

@@ -55,6 +55,12 @@ pub enum CompileError {
         #[source]
         source: oxbow_crds::duration::DurationError,
     },
+    #[error("{path}: {source}")]
+    Window {
+        path: String,
+        #[source]
+        source: window::WindowError,
+    },
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
