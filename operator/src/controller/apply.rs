@@ -86,7 +86,7 @@ pub(super) async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Erro
     let reset_stores = owned.reset_stores.as_deref();
     let (placed, found) = place::place(
         app,
-        ctx,
+        &ctx.placement,
         &obs,
         validated.tasks,
         reset_stores.is_some(),
@@ -151,6 +151,25 @@ pub(super) async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Erro
         reset::finish(&ctx.client, app).await?;
     }
 
+    let when_clean = next_action(
+        ctx,
+        &problems,
+        reset_stores.is_some(),
+        &next,
+        &placed.reports,
+    );
+    outcome(rolled, problems, when_clean)
+}
+
+/// What the reconciliation returns once status is written: a failed apply, Kafka or
+/// claims problem is an error the error policy retries with back-off (status already
+/// says why; an apply the spec stalls waits for a change instead); without one,
+/// `when_clean`.
+fn outcome(
+    rolled: rollout::RolledOut,
+    problems: Problems,
+    when_clean: Action,
+) -> Result<Action, Error> {
     if let Some(e) = rolled.apply_error {
         return match rolled.apply_verdict {
             Some(v) if v.stalled => Ok(Action::await_change()),
@@ -158,19 +177,12 @@ pub(super) async fn apply(app: &StreamApp, ctx: &Context) -> Result<Action, Erro
         };
     }
     if let Some(e) = problems.kafka {
-        // Status says so; the error policy retries with back-off.
         return Err(Error::Topics(e));
     }
     if let Some(e) = problems.claims {
         return Err(Error::Claims(e));
     }
-    Ok(next_action(
-        ctx,
-        &problems,
-        reset_stores.is_some(),
-        &next,
-        &placed.reports,
-    ))
+    Ok(when_clean)
 }
 
 /// When to look at the app again, when nothing failed.

@@ -1,6 +1,7 @@
 //! The dereference step of a reconciliation: everything it reads before it decides,
 //! besides the StreamApp: its Kafka Secret and clients, the sources' partition counts,
-//! its StatefulSet, worker pods and published assignment.
+//! its StatefulSet, worker pods, their report Leases (from the controller's store) and the
+//! published assignment, and the time it read them.
 //!
 //! It must not write anything or decide on what it read (a Kafka client configuration
 //! librdkafka refuses is the one verdict here: without a client nothing else is read).
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use oxbow_crds::StreamApp;
@@ -32,6 +34,10 @@ pub(super) struct Observed {
     pub pods: Vec<Pod>,
     /// The assignment ConfigMap the workers read.
     pub assignment: Option<ConfigMap>,
+    /// The pods' own reports (their Leases), by pod, judged by this operator's clock.
+    pub reports: BTreeMap<String, oxbow_crds::report::Report>,
+    /// When these were read: the time placement judges silence and failover by.
+    pub now: Timestamp,
 }
 
 /// The partition counts of the sources, tables and joined streams, or why Kafka could
@@ -81,6 +87,8 @@ pub(super) async fn observe(
             what: format!("ConfigMap {}", app.assignment_config_map_name()),
             source,
         })?;
+    let now = Timestamp::now();
+    let reports = reports(app, ctx, now);
     Ok((
         Observed {
             secret,
@@ -89,9 +97,37 @@ pub(super) async fn observe(
             sts,
             pods,
             assignment,
+            reports,
+            now,
         },
         counts,
     ))
+}
+
+/// The pods' own reports (their Leases) from the controller's store, not
+/// status.instances: that is only the operator's aggregate of them, written on a
+/// bounded schedule. Judged by this operator's clock, not the pods' (see `Renewals`).
+fn reports(
+    app: &StreamApp,
+    ctx: &Context,
+    now: Timestamp,
+) -> BTreeMap<String, oxbow_crds::report::Report> {
+    let ns = app.namespace().unwrap_or_default();
+    let mut reports = ctx
+        .reports
+        .get()
+        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
+        .unwrap_or_default();
+    let seen_at = std::time::Instant::now();
+    crate::reports::judged_locally(
+        &mut reports,
+        |pod| {
+            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
+            ctx.renewals.age(&key, seen_at)
+        },
+        now,
+    );
+    reports
 }
 
 /// The Secret of `spec.kafka.secretRef`, read.

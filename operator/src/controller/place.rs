@@ -1,21 +1,18 @@
 //! The place step of a reconciliation: who runs which task, and how large the
-//! StatefulSet must stay while pods drain. It reads only the controller's own stores
-//! (the pods' report Leases, judged by this operator's clock); the decision is
-//! [`crate::placement`]'s, pure.
+//! StatefulSet must stay while pods drain. Pure: it decides from what dereference read
+//! (the pods, their report Leases judged by this operator's clock, the published
+//! assignment, the time); the rules are [`crate::placement`]'s.
 //!
-//! It must not write anything.
+//! It must not read or write anything.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use oxbow_crds::StreamApp;
 use oxbow_crds::assignment::{Assignment, Params};
 
-use super::Context;
 use super::apply::Problems;
 use super::dereference::Observed;
-use crate::placement::{self, Plan, PodObservation};
+use crate::placement::{self, PlacementConfig, Plan, PodObservation};
 use crate::status::{Verdict, reason};
 
 /// Where the tasks go, and what it was decided from.
@@ -38,13 +35,13 @@ pub(super) struct Placed {
 /// problem found: the sources' partition count differs from the placed one (`source`).
 pub(super) fn place(
     app: &StreamApp,
-    ctx: &Context,
+    settings: &PlacementConfig,
     obs: &Observed,
     tasks: Option<i32>,
     resetting: bool,
     problems: &Problems,
 ) -> (Placed, Problems) {
-    let reports = reports(app, ctx);
+    let reports = obs.reports.clone();
     let reported: Vec<oxbow_crds::InstanceStatus> =
         reports.values().map(|r| r.entry.clone()).collect();
     let observed: Vec<PodObservation> = obs
@@ -56,8 +53,8 @@ pub(super) fn place(
         &observed,
         &reported,
         app.spec.replicas,
-        Timestamp::now(),
-        ctx.placement.failover_timeout,
+        obs.now,
+        settings.failover_timeout,
     );
     let published = placement::published(obs.assignment.as_ref()).unwrap_or_else(|why| {
         // Edited by hand: placement starts over from what the workers report.
@@ -77,7 +74,7 @@ pub(super) fn place(
                 stages: oxbow_crds::topology::Topology::of(&app.application_id(), &app.spec)
                     .stage_count(),
                 standby_replicas: u32::try_from(app.spec.standby_replicas).unwrap_or(0),
-                warmup_max_lag: ctx.placement.warmup_max_lag,
+                warmup_max_lag: settings.warmup_max_lag,
             },
         )),
         _ => None,
@@ -108,28 +105,6 @@ pub(super) fn place(
         ..Problems::default()
     };
     (placed, found)
-}
-
-/// The pods' own reports (their Leases), not status.instances: that is only the
-/// operator's aggregate of them, written on a bounded schedule. Judged by this
-/// operator's clock, not the pods' (see `Renewals`).
-fn reports(app: &StreamApp, ctx: &Context) -> BTreeMap<String, oxbow_crds::report::Report> {
-    let ns = app.namespace().unwrap_or_default();
-    let mut reports = ctx
-        .reports
-        .get()
-        .map(|store| crate::reports::of_app(store, &ns, &app.name_any()))
-        .unwrap_or_default();
-    let seen_at = std::time::Instant::now();
-    crate::reports::judged_locally(
-        &mut reports,
-        |pod| {
-            let key = format!("{ns}/{}", oxbow_crds::report::lease_name(pod));
-            ctx.renewals.age(&key, seen_at)
-        },
-        Timestamp::now(),
-    );
-    reports
 }
 
 /// The task count to place: the sources' (`tasks`), stalling the app when it differs
