@@ -11,9 +11,11 @@
 mod config_map;
 mod network_policy;
 mod pod_disruption_budget;
-mod rbac;
 mod report_lease;
+mod role;
+mod role_binding;
 mod service;
+mod service_account;
 mod stateful_set;
 
 pub use stateful_set::{image, live_image, live_store_encoding, template_rolled_out};
@@ -318,12 +320,9 @@ pub fn build(
     let hash = config_hash(&config);
     let selector = selector_labels(app);
     Ok(Children {
-        service_account: ServiceAccount {
-            metadata: meta.named(sa_name.clone()),
-            ..ServiceAccount::default()
-        },
-        role: rbac::role(app, meta.named(sa_name.clone()), &report_leases),
-        role_binding: rbac::role_binding(meta.named(sa_name.clone()), &sa_name, &meta.namespace),
+        service_account: service_account::build(meta.named(sa_name.clone())),
+        role: role::build(app, meta.named(sa_name.clone()), &report_leases),
+        role_binding: role_binding::build(meta.named(sa_name.clone()), &sa_name, &meta.namespace),
         config_map: config_map::with_file(meta.named(app.config_map_name()), CONFIG_FILE, config),
         headless_service: service::headless(meta.named(app.headless_service_name()), &selector),
         client_service: service::client(meta.named(app.client_service_name()), &selector),
