@@ -145,9 +145,9 @@ impl Claims {
                 .set("auto.offset.reset", "earliest")
                 // Each read starts with a watermark request on the same connection as
                 // the fetches, and the broker answers a connection's requests in order:
-                // behind a fetch parked for librdkafka's default 500 ms, 16 reconciles
-                // queued on this reader took 5-20 s each at 500 apps (make
-                // bench-operator), and new apps were never reached.
+                // behind a fetch parked for librdkafka's default 500 ms, reconciles
+                // queued on this reader for seconds each, and new apps were not reached
+                // (docs/benchmarks.md, "At 500 StreamApps").
                 .set("fetch.wait.max.ms", "10")
                 .create()
                 .map_err(|source| ClaimsError::Client {

@@ -3,7 +3,7 @@
 //! Everything here is synchronous and waits with a deadline.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{
@@ -19,7 +19,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::stack::kafka_bootstrap;
 use crate::unique;
-use crate::wait::wait_for;
+use crate::wait::{Deadline, wait_for};
 
 /// A topic of `partitions` partitions, replication 1 (the stack has one broker).
 pub fn create_topic(name: &str, partitions: i32) {
@@ -192,12 +192,9 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
         return out;
     }
     c.assign(&tpl).expect("assign");
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Deadline::after(Duration::from_secs(120));
     while !open.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out reading {topic}; partitions {open:?} never reached their end"
-        );
+        deadline.check(|| format!("reading {topic}: partitions {open:?} never reached their end"));
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 let mut headers = BTreeMap::new();
@@ -300,7 +297,7 @@ pub fn read_until(
     timeout: Duration,
     mut done: impl FnMut(&[Out]) -> bool,
 ) -> Vec<Out> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     loop {
         let out = if topic_partitions(topic).is_some() {
             read_all(topic, isolation)
@@ -310,12 +307,12 @@ pub fn read_until(
         if done(&out) {
             return out;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what} in {topic} ({} records there)",
-            out.len()
-        );
-        std::thread::sleep(Duration::from_millis(300));
+        deadline.next_poll(Duration::from_millis(300), || {
+            format!(
+                "waiting for {what} in {topic} ({} records there)",
+                out.len()
+            )
+        });
     }
 }
 
@@ -330,11 +327,21 @@ pub fn data_ends(topic: &str) -> BTreeMap<i32, i64> {
     ends
 }
 
-fn admin() -> AdminClient<DefaultClientContext> {
+/// An admin client of the stack's broker, for what the helpers here do not cover.
+pub fn admin() -> AdminClient<DefaultClientContext> {
     ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
         .create()
         .expect("admin client")
+}
+
+/// Deletes a topic a test made.
+pub fn delete_topic(name: &str) {
+    let r = futures::executor::block_on(admin().delete_topics(&[name], &AdminOptions::new()))
+        .expect("delete_topics request");
+    for x in r {
+        x.unwrap_or_else(|(t, e)| panic!("failed to delete topic {t}: {e}"));
+    }
 }
 
 /// Grows a topic to `total` partitions, as `kafka-topics --alter --partitions` would.

@@ -4,79 +4,41 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use oxbow_e2e::harness::{Deadline, kafka_bootstrap, unique, wait_for};
+use oxbow_e2e::harness::{kafka_bootstrap, unique, wait_for};
+use oxbow_testkit::kafka;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 
-fn admin() -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .create()
-        .expect("admin client")
-}
-
-/// Every record left in partition 0, and the partition's high watermark.
-async fn read_all(topic: &str) -> (Vec<(String, String)>, i64) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let (_, high) = consumer
-        .fetch_watermarks(topic, 0, Duration::from_secs(10))
-        .expect("watermarks");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)
-        .expect("partition");
-    consumer.assign(&tpl).expect("assign");
-    let mut out = Vec::new();
-    let deadline = Deadline::after(Duration::from_secs(20));
-    loop {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let k = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-                out.push((k, v));
-                if m.offset() + 1 >= high {
-                    return (out, high);
-                }
-            }
-            Some(Err(e)) => panic!("consume failed: {e}"),
-            None if high == 0 => return (out, high),
-            None => {}
-        }
-        deadline.check(|| {
-            format!(
-                "the high watermark {high} of {topic} was not reached; read {} records",
-                out.len()
-            )
-        });
-    }
+/// Every record left in the single-partition `topic`, as (key, value), and its end
+/// offset.
+fn records_and_end(topic: &str) -> (Vec<(String, String)>, i64) {
+    let records = kafka::read_all(topic, "read_uncommitted")
+        .into_iter()
+        .map(|o| {
+            let value =
+                String::from_utf8_lossy(o.value.as_deref().unwrap_or_default()).into_owned();
+            (o.key.unwrap_or_default(), value)
+        })
+        .collect();
+    let end = kafka::end_offsets(topic).get(&0).copied().unwrap_or(0);
+    (records, end)
 }
 
 #[tokio::test]
 async fn compacted_topic_config_is_visible_and_the_cleaner_keeps_the_last_value_per_key() {
     let topic = unique("compacted");
-    let admin = admin();
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", "200")
-        .set("min.cleanable.dirty.ratio", "0.01")
-        .set("delete.retention.ms", "100");
-    let res = admin
-        .create_topics([&new], &AdminOptions::new())
-        .await
-        .expect("create_topics request");
-    assert!(
-        res.iter().all(|r| r.is_ok()),
-        "topic creation failed: {res:?}"
+    kafka::create_topic_with(
+        &topic,
+        1,
+        &[
+            ("cleanup.policy", "compact"),
+            ("segment.ms", "200"),
+            ("min.cleanable.dirty.ratio", "0.01"),
+            ("delete.retention.ms", "100"),
+        ],
     );
+    let admin = kafka::admin();
 
     // CreateTopics returns once the controller has the topic; the broker that answers
     // DescribeConfigs may learn of it a moment later and answer with no entries.
@@ -139,7 +101,7 @@ async fn compacted_topic_config_is_visible_and_the_cleaner_keeps_the_last_value_
                 .await
                 .map_err(|(e, _)| e.to_string())?;
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let (records, high) = read_all(&topic).await;
+            let (records, high) = records_and_end(&topic);
             let data: Vec<_> = records
                 .iter()
                 .filter(|(k, _)| k != "tick")
@@ -163,8 +125,5 @@ async fn compacted_topic_config_is_visible_and_the_cleaner_keeps_the_last_value_
         "compaction must keep exactly the last value of every key"
     );
 
-    admin
-        .delete_topics(&[&topic], &AdminOptions::new())
-        .await
-        .expect("delete topic");
+    kafka::delete_topic(&topic);
 }

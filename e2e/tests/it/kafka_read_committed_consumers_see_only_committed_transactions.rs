@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use oxbow_e2e::harness::{Deadline, kafka_bootstrap, unique};
+use oxbow_testkit::kafka;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -55,18 +54,7 @@ fn consume(topic: &str, isolation: &str, expect_at_least: usize) -> Vec<String> 
 #[tokio::test]
 async fn read_committed_consumer_sees_exactly_the_committed_records() {
     let topic = unique("txn");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .create()
-        .expect("admin");
-    let res = admin
-        .create_topics(
-            [&NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .expect("create_topics");
-    assert!(res.iter().all(|r| r.is_ok()), "{res:?}");
+    kafka::create_topic(&topic, 1);
 
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
@@ -119,8 +107,5 @@ async fn read_committed_consumer_sees_exactly_the_committed_records() {
             "committed-3"
         ]
     );
-    admin
-        .delete_topics(&[&topic], &AdminOptions::new())
-        .await
-        .expect("delete topic");
+    kafka::delete_topic(&topic);
 }

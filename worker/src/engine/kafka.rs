@@ -272,8 +272,8 @@ pub(super) fn consumer_config(app: &App, restore: bool) -> ClientConfig {
         // while a chunk is applied. A restore ends at a known offset, so a fetch that
         // finds nothing must not wait at the broker: librdkafka fetches on past the end
         // while the restore checks its position, and the next store assigned to this
-        // consumer waited behind that long poll (500 ms by default; W3's tail restore
-        // of 20 000 records took 0.52 s, most of it there).
+        // consumer waited behind that long poll (500 ms by default; most of a short
+        // tail restore, docs/benchmarks.md).
         c.set("fetch.wait.max.ms", "10")
             .set("fetch.max.bytes", "33554432")
             .set("max.partition.fetch.bytes", "8388608")
