@@ -1,25 +1,28 @@
 use super::*;
 
-#[test]
-fn every_topic_error_names_a_listed_reason() {
-    use crate::topics::TopicError;
-    for name in <TopicError as strum::VariantNames>::VARIANTS {
+/// Every name an error enum gives as a reason is in the reasons table.
+fn all_listed(names: &[&str], whose: &str) {
+    for name in names {
         assert!(
             reason::ALL.iter().any(|(r, _)| r.as_str() == *name),
-            "the topic error's reason {name} is not in status::reason::ALL"
+            "{whose} reason {name} is not in status::reason::ALL"
         );
     }
 }
 
 #[test]
+fn every_topic_error_names_a_listed_reason() {
+    use crate::topics::TopicError;
+    all_listed(
+        <TopicError as strum::VariantNames>::VARIANTS,
+        "the topic error's",
+    );
+}
+
+#[test]
 fn every_reason_validation_can_give_is_listed_with_its_condition_types() {
     use oxbow_crds::validate::ValidationError as E;
-    for name in <E as strum::VariantNames>::VARIANTS {
-        assert!(
-            reason::ALL.iter().any(|(r, _)| r.as_str() == *name),
-            "validation's reason {name} is not in status::reason::ALL"
-        );
-    }
+    all_listed(<E as strum::VariantNames>::VARIANTS, "validation's");
     let problems = [
         E::InvalidExpression {
             path: "p".into(),
