@@ -193,22 +193,19 @@ pub mod reason {
     /// The reason for a failed Kafka admin operation: the listed one the error's variant
     /// names (a test holds every such name listed).
     pub fn of_topics(e: &crate::topics::TopicError) -> Reason {
-        let name: &'static str = e.into();
-        ALL.iter()
-            .map(|(r, _)| *r)
-            .find(|r| r.as_str() == name)
-            .unwrap_or(TOPIC_OPERATION_FAILED)
+        listed(e.into()).unwrap_or(TOPIC_OPERATION_FAILED)
     }
 
     /// The reason of a problem found by validation: the listed one the crds crate
     /// names it with. A test holds every such name listed, so `SpecInvalid` (for one
     /// that is not) is never given.
     pub fn of(e: &ValidationError) -> Reason {
-        let name = e.reason();
-        ALL.iter()
-            .map(|(r, _)| *r)
-            .find(|r| r.as_str() == name)
-            .unwrap_or(SPEC_INVALID)
+        listed(e.reason()).unwrap_or(SPEC_INVALID)
+    }
+
+    /// The listed reason of this name, if there is one.
+    fn listed(name: &str) -> Option<Reason> {
+        ALL.iter().map(|(r, _)| *r).find(|r| r.as_str() == name)
     }
 }
 

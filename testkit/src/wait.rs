@@ -6,16 +6,12 @@ use std::time::{Duration, Instant};
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout` saying
 /// `what` did not happen.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
+    let deadline = Deadline::after(timeout);
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        deadline.next_poll(Duration::from_millis(50), || format!("waiting for {what}"));
     }
 }
 
@@ -27,17 +23,18 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let start = Instant::now();
+    let deadline = Deadline::after(timeout);
     loop {
         match check().await {
             Ok(v) => return v,
             Err(last) => {
-                if start.elapsed() > timeout {
-                    panic!("timed out after {timeout:?} waiting for {what}; last observed: {last}");
-                }
+                deadline
+                    .next_poll_async(Duration::from_millis(200), || {
+                        format!("waiting for {what}; last observed: {last}")
+                    })
+                    .await
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
