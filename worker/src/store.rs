@@ -369,13 +369,14 @@ impl TaskDb {
 
     /// Writes sorted entries into an SST file and ingests it: how an empty store is
     /// rebuilt (no memtable, no WAL, no compaction of single puts).
-    pub fn ingest_sorted(
+    pub fn ingest_sorted<'a>(
         &self,
         store: &StoreName,
-        entries: &BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+        entries: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
         seq: usize,
     ) -> Result<(), StoreError> {
-        if entries.is_empty() {
+        let mut entries = entries.into_iter().peekable();
+        if entries.peek().is_none() {
             return Ok(());
         }
         let ingest = |source| StoreError::Ingest {
@@ -574,13 +575,11 @@ mod tests {
         let s = StoreName("s".into());
         let db =
             TaskDb::open(&dir, TaskId::new(0, 1), std::slice::from_ref(&s), &mem).expect("open");
-        let first = BTreeMap::from([
-            (b"a".to_vec(), Some(b"1".to_vec())),
-            (b"b".to_vec(), Some(b"2".to_vec())),
-        ]);
-        let second = BTreeMap::from([(b"a".to_vec(), None), (b"c".to_vec(), Some(b"3".to_vec()))]);
-        db.ingest_sorted(&s, &first, 0).expect("ingest 1");
-        db.ingest_sorted(&s, &second, 1).expect("ingest 2");
+        let first: &[(&[u8], Option<&[u8]>)] = &[(b"a", Some(b"1")), (b"b", Some(b"2"))];
+        let second: &[(&[u8], Option<&[u8]>)] = &[(b"a", None), (b"c", Some(b"3"))];
+        let entries = |m: &'static [(&'static [u8], Option<&'static [u8]>)]| m.iter().copied();
+        db.ingest_sorted(&s, entries(first), 0).expect("ingest 1");
+        db.ingest_sorted(&s, entries(second), 1).expect("ingest 2");
         assert_eq!(db.get(&s, b"a").expect("get"), None);
         assert_eq!(db.get(&s, b"b").expect("get"), Some(b"2".to_vec()));
         assert_eq!(db.get(&s, b"c").expect("get"), Some(b"3".to_vec()));

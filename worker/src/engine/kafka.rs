@@ -268,17 +268,22 @@ pub(super) fn consumer_config(app: &App, restore: bool) -> ClientConfig {
         // drained the queue meanwhile, sits idle for the rest of it.
         .set("fetch.queue.backoff.ms", "5");
     if restore {
-        // Restore reads whole logs: big fetches, with the next one already queued
-        // while a chunk is applied. A restore ends at a known offset, so a fetch that
-        // finds nothing must not wait at the broker: librdkafka fetches on past the end
-        // while the restore checks its position, and the next store assigned to this
-        // consumer waited behind that long poll (500 ms by default; most of a short
-        // tail restore, docs/benchmarks.md).
+        // Restore reads whole logs, so its prefetch bound is its memory: librdkafka
+        // keeps an op and the parsed headers of every fetched record until it is
+        // consumed, several times the record itself, and a fetch overfills the queue by
+        // up to its whole size. Big fetches held a compacted changelog's partition at
+        // once; small ones, pipelined while few records wait, restore as fast (heaptrack
+        // and the figures: docs/benchmarks.md, "Where the memory goes"). A record
+        // larger than a fetch still comes whole (KIP-74).
+        // A restore ends at a known offset, so a fetch that finds nothing must not wait
+        // at the broker: librdkafka fetches on past the end while the restore checks
+        // its position, and the next store assigned to this consumer waited behind that
+        // long poll (500 ms by default; most of a short tail restore).
         c.set("fetch.wait.max.ms", "10")
-            .set("fetch.max.bytes", "33554432")
-            .set("max.partition.fetch.bytes", "8388608")
+            .set("fetch.max.bytes", "1048576")
+            .set("max.partition.fetch.bytes", "65536")
             .set("queued.max.messages.kbytes", "8192")
-            .set("queued.min.messages", "20000");
+            .set("queued.min.messages", "5000");
     }
     if app.guarantee == ProcessingGuarantee::ExactlyOnce {
         c.set("isolation.level", "read_committed");

@@ -6,6 +6,7 @@
 //! state up to the changelog's end.
 
 pub mod plan;
+mod sorted;
 mod store;
 
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ use crate::store::TaskDb;
 use store::StoreRestore;
 
 /// Bulk-load chunk: entries buffered before an SST file is written.
-const INGEST_CHUNK_BYTES: usize = 64 << 20;
+const INGEST_CHUNK_BYTES: usize = 16 << 20;
 /// Sorted files below this size make more work for compaction than they save memory.
 const MIN_INGEST_CHUNK_BYTES: usize = 8 << 20;
 

@@ -16,6 +16,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use super::super::kafka::source_of;
 use super::super::{EngineError, KAFKA_TIMEOUT};
 use super::RestoreFailure;
+use super::sorted::SortBuffer;
 use crate::metrics::RestoreGauges;
 use crate::status::{RestoreProgress, Shared};
 use crate::store::TaskDb;
@@ -49,9 +50,8 @@ pub(super) struct StoreRestore<'a> {
 /// What has been read and not yet written.
 #[derive(Default)]
 struct Buffer {
-    /// Bulk load: the sorted entries of the next file, and its estimated size.
-    sorted: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    sorted_bytes: usize,
+    /// Bulk load: the records of the next sorted file.
+    sorted: SortBuffer,
     files: usize,
     /// Tail: the entries of the next write batch.
     batch: Vec<crate::overlay::Write>,
@@ -112,8 +112,10 @@ impl StoreRestore<'_> {
             }
         }
         if self.bulk() {
-            self.db.ingest_sorted(self.store, &buf.sorted, buf.files)?;
-            buf.files += usize::from(!buf.sorted.is_empty());
+            let written = !buf.sorted.is_empty();
+            self.db
+                .ingest_sorted(self.store, buf.sorted.sorted(), buf.files)?;
+            buf.files += usize::from(written);
             progress.ingested_files += buf.files as u64;
         }
         // Checkpoint at the end of what was read: everything before `to` is applied.
@@ -238,14 +240,12 @@ impl StoreRestore<'_> {
             }
         }
         if let Some(chunk) = self.bulk_chunk {
-            // Two heap blocks, their Vec headers and a share of a B-tree node.
-            buf.sorted_bytes += key.len() + value.map_or(0, <[u8]>::len) + 128;
-            buf.sorted.insert(key.to_vec(), value.map(<[u8]>::to_vec));
-            if buf.sorted_bytes >= chunk {
-                self.db.ingest_sorted(self.store, &buf.sorted, buf.files)?;
+            buf.sorted.push(key, value);
+            if buf.sorted.size() >= chunk {
+                self.db
+                    .ingest_sorted(self.store, buf.sorted.sorted(), buf.files)?;
                 buf.files += 1;
                 buf.sorted.clear();
-                buf.sorted_bytes = 0;
             }
         } else {
             buf.batch.push((
