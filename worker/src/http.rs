@@ -7,9 +7,9 @@
 //! metrics (no secrets, no state) stay open for the kubelet and Prometheus.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
 use warp::Filter;
 use warp::http::StatusCode;
 
@@ -217,21 +217,22 @@ fn metrics() -> impl Filter<Extract = (impl warp::Reply,), Error = std::convert:
     })
 }
 
-/// Serves until the process exits.
+/// Serves on `listener` until the process exits.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: TcpListener,
     shared: Arc<Shared>,
     catalog: Catalog,
     access: Access,
     with_metrics: bool,
 ) {
     warp::serve(routes(shared, catalog, Arc::new(access), with_metrics))
-        .run(addr)
+        .incoming(listener)
+        .run()
         .await;
 }
 
-/// Serves `/metrics` alone on `addr` until the process exits.
-pub async fn serve_metrics(addr: SocketAddr) {
+/// Serves `/metrics` alone on `listener` until the process exits.
+pub async fn serve_metrics(listener: TcpListener) {
     let route = warp::get().and(warp::path!("metrics")).and(metrics());
-    warp::serve(route).run(addr).await;
+    warp::serve(route).incoming(listener).run().await;
 }

@@ -35,6 +35,8 @@ pub mod task;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use anyhow::Context as _;
+
 pub use config::App;
 pub use engine::RunOptions;
 pub use processor::{Context, Processor, ProcessorFactory, Record, RecordError, StepError};
@@ -47,14 +49,21 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         .worker_threads(1)
         .enable_all()
         .build()?;
+    // Bound before anything starts: a port someone else holds is an error at start,
+    // not a worker that runs on without its probes, status and queries.
+    let bind = |addr: SocketAddr, flag: &str| {
+        rt.block_on(tokio::net::TcpListener::bind(addr))
+            .with_context(|| format!("cannot listen on {addr} ({flag})"))
+    };
     if let Some(addr) = listen {
+        let listener = bind(addr, "--listen")?;
         // A pod of a StreamApp serves its state only to callers RBAC lets query it.
         let access = match &opts.coordination {
             Some(c) => auth::Access::kubernetes(&c.namespace, &c.app),
             None => auth::Access::Open,
         };
         rt.spawn(http::serve(
-            addr,
+            listener,
             shared.clone(),
             query::Catalog::from_app(&app),
             access,
@@ -62,7 +71,7 @@ pub fn run(app: App, opts: RunOptions, listen: Option<SocketAddr>) -> anyhow::Re
         ));
     }
     if let Some(addr) = opts.metrics_listen {
-        rt.spawn(http::serve_metrics(addr));
+        rt.spawn(http::serve_metrics(bind(addr, "--metrics-listen")?));
     }
     if let Some(cfg) = opts.coordination.clone() {
         let shared = shared.clone();

@@ -4,7 +4,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,7 +65,15 @@ pub struct Setup {
     pub commit_ms: u64,
     pub scratch: PathBuf,
     pub dedupe_example: PathBuf,
-    pub port: AtomicU16,
+}
+
+/// A loopback port no one listens on now, from the kernel: a fixed range met the
+/// stack's own ports (kube-router's health port), and the worker could not listen.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
 }
 
 /// One engine run: its application id (also its consumer group) and topics.
@@ -269,7 +276,7 @@ type Spawned = (Child, Option<String>, Option<String>);
 fn spawn_oxbow(setup: &Setup, s: &Spec, log: &Path) -> Spawned {
     let manifest = setup.scratch.join(format!("{}.yaml", s.app));
     std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
-    let port = setup.port.fetch_add(1, Ordering::Relaxed);
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let child = Command::new(&setup.worker)
         .args(["run", "--config"])
@@ -302,7 +309,7 @@ fn spawn_oxbow(setup: &Setup, s: &Spec, log: &Path) -> Spawned {
 /// The Kafka Streams peer; its JSON-line events on stdout go to `ks`.
 fn spawn_kstreams(setup: &Setup, s: &Spec, log: &Path, ks: &Arc<Mutex<KsLog>>) -> Spawned {
     let query_addr = s.query.then(|| {
-        let port = setup.port.fetch_add(1, Ordering::Relaxed);
+        let port = free_port();
         format!("127.0.0.1:{port}")
     });
     let mut cmd = Command::new(&setup.java);

@@ -51,7 +51,6 @@ mod w5;
 mod workload;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU16;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use engine::{Guarantee, Kind, Setup, Spec, cpu_seconds, peak_rss_mib, spawn};
@@ -374,7 +373,6 @@ fn setup(bootstrap: &str, cfg: &Cfg, repo: &Path) -> (Setup, String) {
         commit_ms: env_u64("BENCH_COMMIT_MS", 100),
         scratch,
         dedupe_example: repo.join("examples/dedupe.yaml"),
-        port: AtomicU16::new(18600 + (run_id % 200) as u16 * 10),
     };
     (setup, prefix)
 }

@@ -8,6 +8,7 @@
 
 mod support;
 
+mod a_taken_port_stops_the_worker_at_start;
 mod backlogged_partitions_are_read_side_by_side;
 mod batches_survive_kills;
 mod broker_restart_keeps_exactly_once;
