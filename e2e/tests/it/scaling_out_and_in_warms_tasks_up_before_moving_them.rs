@@ -198,9 +198,14 @@ async fn scaling_moves_only_warm_tasks_and_output_keeps_flowing() {
         out_end - out_start,
         in_end - out_end
     );
+    // A task that moves is fenced first, and librdkafka's coordinator timer alone is
+    // 500 ms of that. On 2 cores the longest gaps were 0.46-0.78 s in most runs, and
+    // 1.0 s (alone) or 1.1 s (in the full suite) in about one run in five, with the
+    // restore settings of before and after 2026-12-08 alike. A restore on the
+    // processing thread, which this guards against, stalled output for seconds.
     for (what, gap) in [("3→4", gap_out), ("4→2", gap_in)] {
         assert!(
-            gap < Duration::from_secs(1),
+            gap < Duration::from_millis(1500),
             "output stalled for {gap:?} while scaling {what}"
         );
     }
