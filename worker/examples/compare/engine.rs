@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use oxbow_testkit::http::free_port;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     Oxbow,
@@ -65,15 +67,6 @@ pub struct Setup {
     pub commit_ms: u64,
     pub scratch: PathBuf,
     pub dedupe_example: PathBuf,
-}
-
-/// A loopback port no one listens on now, from the kernel: a fixed range met the
-/// stack's own ports (kube-router's health port), and the worker could not listen.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// One engine run: its application id (also its consumer group) and topics.
@@ -276,6 +269,8 @@ type Spawned = (Child, Option<String>, Option<String>);
 fn spawn_oxbow(setup: &Setup, s: &Spec, log: &Path) -> Spawned {
     let manifest = setup.scratch.join(format!("{}.yaml", s.app));
     std::fs::write(&manifest, oxbow_manifest(setup, s)).expect("manifest");
+    // From the kernel: a fixed range met the stack's own ports (kube-router's health
+    // port), and the worker could not listen.
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let child = Command::new(&setup.worker)

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use oxbow_testkit::wait::Deadline;
 
+use crate::support::scratch_dir;
+
 #[test]
 fn a_worker_whose_listen_port_is_taken_exits_with_an_error_naming_it() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
     let addr = taken.local_addr().expect("its address").to_string();
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/dedupe.yaml");
-    let state = tempdir();
+    let state = scratch_dir("taken-port");
     let mut child = Command::new(env!("CARGO_BIN_EXE_oxbow-worker"))
         .args([
             "run",
@@ -49,10 +51,4 @@ fn a_worker_whose_listen_port_is_taken_exits_with_an_error_naming_it() {
     );
     drop(taken);
     let _ = std::fs::remove_dir_all(&state);
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("oxbow-taken-port-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("state dir");
-    d
 }

@@ -61,7 +61,7 @@ impl SortBuffer {
     }
 
     fn key(&self, e: &Entry) -> &[u8] {
-        &self.bytes[e.at..e.at + e.key_len as usize]
+        key_in(&self.bytes, e)
     }
 
     fn value(&self, e: &Entry) -> Option<&[u8]> {
@@ -73,10 +73,9 @@ impl SortBuffer {
     /// deleted), in key order, as a sorted file must have them.
     pub(super) fn sorted(&mut self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
         let bytes = &self.bytes;
-        let key = |e: &Entry| &bytes[e.at..e.at + e.key_len as usize];
         // Ties by arrival (the offset in the buffer grows with it): the last is the newest.
         self.entries
-            .sort_unstable_by(|a, b| key(a).cmp(key(b)).then(a.at.cmp(&b.at)));
+            .sort_unstable_by(|a, b| key_in(bytes, a).cmp(key_in(bytes, b)).then(a.at.cmp(&b.at)));
         let this: &Self = self;
         this.entries.iter().enumerate().filter_map(move |(i, e)| {
             let newest = this
@@ -86,6 +85,12 @@ impl SortBuffer {
             newest.then(|| (this.key(e), this.value(e)))
         })
     }
+}
+
+/// `e`'s key in `bytes` (a free function, so the sort can borrow the buffer while it
+/// reorders the index).
+fn key_in<'a>(bytes: &'a [u8], e: &Entry) -> &'a [u8] {
+    &bytes[e.at..e.at + e.key_len as usize]
 }
 
 #[cfg(test)]
